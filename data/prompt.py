@@ -1,0 +1,16 @@
+"""The prompt: a system message that mandates one final \\boxed{} answer, the problem as the user turn."""
+
+SYSTEM_PROMPT = (
+    "Solve the math problem. Reason step by step, then give exactly one final answer "
+    "in the form \\boxed{answer} at the end."
+)
+
+
+def prompt_messages(problem: str) -> list[dict[str, str]]:
+    """Conversational prompt in TRL's format; the trainer renders it with the tokenizer's chat template."""
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": problem}]
+
+
+def render_prompt(tokenizer, problem: str) -> str:
+    """The exact text the model sees before its completion (generation prompt included)."""
+    return tokenizer.apply_chat_template(prompt_messages(problem), tokenize=False, add_generation_prompt=True)

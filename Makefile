@@ -1,18 +1,38 @@
+# Two commands for a newcomer: `make setup && make train ARM=S2`, and `make test`.
 PY ?= .venv/bin/python
 ARM ?= S2
+RECIPE ?= configs/embedded/$(ARM).yaml
+RUN ?= runs/$(ARM)
+BASE ?= artifacts/base
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup test lint
-setup:
+.PHONY: setup test test-fast lint format base train eval compare experiment card push
+
+setup:  ## venv with the CPU torch wheel and the package (editable) + dev tools
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
 
-test:
+test:  ## the whole suite, slow end-to-end tests included (what CI runs)
 	$(PY) -m pytest -q
+
+test-fast:
+	$(PY) -m pytest -q -m "not slow"
 
 lint:
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+
+format:
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+$(BASE)/tiny_base.json:
+	$(PY) -m trainer.tiny_base --out $(BASE)
+
+base: $(BASE)/tiny_base.json  ## the embedded default: synthetic snapshot + tiny Qwen3.5 warm-started with SFT
+
+train: $(if $(findstring configs/embedded/,$(RECIPE)),base)  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20"]
+	$(PY) -m trainer.train --config $(RECIPE) $(if $(RESUME),--resume $(RESUME)) $(ARGS)

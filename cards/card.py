@@ -1,0 +1,541 @@
+"""Model cards for checkpoints (`stepNNN/README.md`) and runs (`README.md`), built from the run's own files.
+
+Cards never load weights: everything comes from run.json, results/*.jsonl, the checkpoint's config.json and
+the list of stepNNN/ and stateNNN/ directories (docs/CONTRACTS.md). Hub metadata follows TRL's conventions
+(base_model, library_name "transformers", tags, framework versions, BibTeX citations) plus a model-index.
+
+    python -m cards.card runs/S2 [--control runs/S0] [--steps 10,20]
+"""
+
+import argparse
+import json
+import logging
+import math
+import re
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers import TrainerCallback
+
+from data.prompt import SYSTEM_PROMPT
+from rewards.outcome import Outcome
+from trainer.arms import ARMS, POLICIES, CapPolicy
+
+logger = logging.getLogger(__name__)
+
+CONTROL_ARM = "S0"
+STEP_DIR = re.compile(r"step(\d{3,})")
+STATE_DIR = re.compile(r"state(\d{3,})")
+EVAL_FILE = re.compile(r"eval_step(\d{3,})(?:_cap(\d+))?\.jsonl")
+N_RESAMPLES = 100_000  # Monte Carlo sign patterns, as `make compare` uses by default
+BASE_FILES = ("README.md", ".gitattributes")  # what the seed's save copied from the base model dir
+ROW_FIELDS = ("step", "set", "task_id", "sample", "outcome", "cap")
+OUTCOMES = frozenset(o.value for o in Outcome)
+FAILURES = (Outcome.WRONG, Outcome.TRUNCATED, Outcome.FORMAT_REJECTED, Outcome.INDETERMINATE)
+
+CITATIONS = """Cite GRPO as:
+
+```bibtex
+@article{shao2024deepseekmath,
+  title   = {{DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language Models}},
+  author  = {Shao, Zhihong and Wang, Peiyi and Zhu, Qihao and Xu, Runxin and Song, Junxiao and Bi, Xiao and
+             Zhang, Haowei and Zhang, Mingchuan and Li, Y. K. and Wu, Y. and Guo, Daya},
+  journal = {arXiv preprint arXiv:2402.03300},
+  year    = {2024}
+}
+```
+
+Cite TRL as:
+
+```bibtex
+@software{vonwerra2020trl,
+  title  = {{TRL: Transformers Reinforcement Learning}},
+  author = {von Werra, Leandro and Belkada, Younes and Tunstall, Lewis and Beeching, Edward and Thrush, Tristan and
+            Lambert, Nathan and Huang, Shengyi and Rasul, Kashif and Gallouédec, Quentin},
+  url    = {https://github.com/huggingface/trl},
+  year   = {2020}
+}
+```"""
+
+_templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(Path(__file__).parent / "templates"),
+    undefined=jinja2.StrictUndefined,  # a missing value is a bug in this module, not an empty cell
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+)
+
+
+# --- reading a run directory ----------------------------------------------------------------------------
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
+    return rows
+
+
+@dataclass(frozen=True)
+class SetScore:
+    """One eval set at one step and cap, summarised from its per-sample rows."""
+
+    name: str
+    step: int
+    cap: int
+    outcomes: dict[str, int]  # every Outcome value, 0 when absent
+    problems: int
+    median_tokens: float | None
+
+    @property
+    def graded(self) -> int:
+        """Denominator of accuracy: indeterminate samples are excluded (SPEC §2)."""
+        return sum(self.outcomes.values()) - self.outcomes[Outcome.INDETERMINATE]
+
+    @property
+    def accuracy(self) -> float:
+        return self.outcomes[Outcome.CORRECT] / self.graded if self.graded else math.nan
+
+    @property
+    def samples(self) -> int:
+        return sum(self.outcomes.values()) // max(self.problems, 1)
+
+
+def _score(name: str, step: int, cap: int, rows: list[dict]) -> SetScore:
+    counts = Counter(r["outcome"] for r in rows)
+    tokens = [r["completion_tokens"] for r in rows if isinstance(r.get("completion_tokens"), int)]
+    return SetScore(
+        name=name,
+        step=step,
+        cap=cap,
+        outcomes={o.value: counts.get(o.value, 0) for o in Outcome},
+        problems=len({r["task_id"] for r in rows}),
+        median_tokens=statistics.median(tokens) if tokens else None,
+    )
+
+
+class Run:
+    """What the cards need from `runs/<arm>/`, read once; eval rows are re-read on demand (they are large)."""
+
+    def __init__(self, run_dir: Path | str):
+        self.dir = Path(run_dir)
+        meta_path = self.dir / "run.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{meta_path}: no run.json (is {self.dir} a run directory?)")
+        self.meta = json.loads(meta_path.read_text())
+        for key in ("arm", "policy_id", "gate", "grader_version", "base_model", "eval"):
+            if key not in self.meta:
+                raise ValueError(f"{meta_path}: missing field {key!r}")
+        if self.policy_id not in POLICIES:
+            raise ValueError(f"{meta_path}: unknown policy_id {self.policy_id!r}; known: {sorted(POLICIES)}")
+        self.saved = self._numbered(STEP_DIR)
+        self.states = self._numbered(STATE_DIR)
+        steps_path = self.dir / "results" / "steps.jsonl"
+        self.steps = _read_jsonl(steps_path) if steps_path.is_file() else []
+        self.eval_files: dict[tuple[int, int], Path] = {}
+        self.scores: dict[tuple[int, int], dict[str, SetScore]] = {}
+        for path in sorted((self.dir / "results").glob("eval_step*.jsonl")):
+            if m := EVAL_FILE.fullmatch(path.name):
+                self._load_eval(path, int(m[1]), int(m[2]) if m[2] else None)
+
+    def _numbered(self, pattern: re.Pattern) -> list[int]:
+        return sorted(int(m[1]) for p in self.dir.iterdir() if p.is_dir() and (m := pattern.fullmatch(p.name)))
+
+    def _load_eval(self, path: Path, step: int, cap: int | None) -> None:
+        rows = _read_jsonl(path)
+        for i, r in enumerate(rows, 1):
+            if missing := [f for f in ROW_FIELDS if f not in r]:
+                raise ValueError(f"{path}:{i}: missing field(s) {missing}")
+            if r["outcome"] not in OUTCOMES:
+                raise ValueError(f"{path}:{i}: unknown outcome {r['outcome']!r}")
+            if r["step"] != step or (cap is not None and r["cap"] != cap):
+                raise ValueError(f"{path}:{i}: row step/cap {r['step']}/{r['cap']} disagree with the file name")
+        caps = {r["cap"] for r in rows}
+        if len(caps) > 1:
+            raise ValueError(f"{path}: rows at several caps {sorted(caps)}")
+        key = (step, caps.pop() if caps else cap or self.eval_cap)
+        self.eval_files[key] = path
+        sets = sorted({r["set"] for r in rows})
+        self.scores[key] = {s: _score(s, step, key[1], [r for r in rows if r["set"] == s]) for s in sets}
+
+    # --- run.json fields ----------------------------------------------------------------------------
+    arm = property(lambda self: self.meta["arm"])
+    policy_id = property(lambda self: self.meta["policy_id"])
+    gate = property(lambda self: self.meta["gate"])
+    eval_cap = property(lambda self: self.meta["eval"]["cap"])
+
+    @property
+    def policy(self) -> CapPolicy:
+        return POLICIES[self.policy_id]
+
+    @property
+    def groups_per_step(self) -> int | None:
+        return self.meta.get("groups_per_step")
+
+    @property
+    def rank_set(self) -> str:
+        """The set that picks the best checkpoint: run.json's best_step.set, else heldout300."""
+        return (self.meta.get("best_step") or {}).get("set", "heldout300")
+
+    @property
+    def last_step(self) -> int:
+        trained = [r["step"] for r in self.steps]
+        return max(trained + self.saved + [s for s, _ in self.scores] or [0])
+
+    def evaluated(self, cap: int | None = None) -> list[int]:
+        cap = cap or self.eval_cap
+        return sorted(s for s, c in self.scores if c == cap)
+
+    def score(self, step: int, name: str, cap: int | None = None) -> SetScore | None:
+        return self.scores.get((step, cap or self.eval_cap), {}).get(name)
+
+    def ranking(self) -> list[tuple[int, float]]:
+        """Saved checkpoints with a rank-set eval at the run's eval cap, best first (ties: earlier step first)."""
+        scored = [(s, sc.accuracy) for s in self.saved if (sc := self.score(s, self.rank_set))]
+        return sorted(scored, key=lambda t: (-t[1], t[0]))
+
+    def architecture(self, step: int) -> str:
+        config = self.dir / f"step{step:03d}" / "config.json"
+        if config.is_file() and (archs := json.loads(config.read_text()).get("architectures")):
+            return archs[0]
+        if arch := self.meta.get("architecture"):
+            return arch
+        raise ValueError(f"{config}: no `architectures`, and {self.dir / 'run.json'} has no `architecture`")
+
+
+# --- what the cards say -----------------------------------------------------------------------------
+def describe_policy(policy: CapPolicy) -> dict[str, str]:
+    unresolved = (
+        "active in the loss with reward 0 (trained as failures)"
+        if policy.unresolved_active
+        else "masked: their tokens leave the loss and the token-count normaliser"
+    )
+    gate = {
+        "v1": "a group trains iff it has at least one correct and at least one completed wrong",
+        "v2": "a group trains iff it has at least one correct and at least one failure of any kind "
+        "(wrong, truncated or format-rejected)",
+    }[policy.gate]
+    return {"unresolved": unresolved, "gate": gate}
+
+
+def changes_from_control(run: Run) -> list[str]:
+    """How this arm differs from the control arm S0 (trainer/arms.py), in policy and groups per step."""
+    control = ARMS[CONTROL_ARM]
+    if run.arm == CONTROL_ARM:
+        return [f"This is the control arm ({control.note})."]
+    changes = []
+    if run.policy.unresolved_active != control.policy.unresolved_active:
+        new, old = ("active (reward 0)", "masked") if run.policy.unresolved_active else ("masked", "active")
+        changes.append(f"Unresolved rollouts (truncated or format-rejected) are {new} in the loss instead of {old}.")
+    if run.policy.gate != control.policy.gate:
+        changes.append(
+            f"Qualification gate {run.policy.gate} instead of {control.policy.gate}: "
+            f"{describe_policy(run.policy)['gate']}."
+        )
+    if run.groups_per_step not in (None, control.groups_per_step):
+        changes.append(f"{run.groups_per_step} groups per step instead of {control.groups_per_step}.")
+    if not changes:
+        return [f"Same cap policy and groups per step as the control arm {CONTROL_ARM}."]
+    return [f"Cap policy `{run.policy_id}` instead of the control's `{control.policy_id}`.", *changes]
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
+
+
+def _pp(x: float) -> str:
+    return f"{100 * x:+.1f} pp"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2f}" if p >= 0.01 else f"{p:.2g}"
+
+
+def _set_row(sc: SetScore, base: SetScore | None) -> dict:
+    graded = max(sc.graded, 1)
+    mix = {o: f"{sc.outcomes[o]} ({100 * sc.outcomes[o] / graded:.1f}%)" for o in FAILURES}
+    mix[Outcome.INDETERMINATE] = str(sc.outcomes[Outcome.INDETERMINATE])  # not in any denominator
+    return {
+        "name": sc.name,
+        "cap": sc.cap,
+        "shape": f"{sc.problems} × {sc.samples}",
+        "accuracy": _pct(sc.accuracy),
+        "correct": sc.outcomes[Outcome.CORRECT],
+        "graded": sc.graded,
+        "mix": mix,
+        "median_tokens": "n/a" if sc.median_tokens is None else f"{sc.median_tokens:g}",
+        "vs_base": _pp(sc.accuracy - base.accuracy) if base and sc.step else "",
+    }
+
+
+def _eval_results(run: Run, step: int) -> list[EvalResult]:
+    """model-index entries: one per (set, cap) evaluated at this step; the config field keeps them distinct."""
+    results = []
+    for (s, cap), sets in sorted(run.scores.items()):
+        for sc in sets.values():
+            if s == step and sc.graded:
+                results.append(
+                    EvalResult(
+                        task_type="text-generation",
+                        dataset_type=sc.name,
+                        dataset_name=sc.name,
+                        dataset_config=f"cap{cap}",
+                        dataset_args={"problems": sc.problems, "samples_per_problem": sc.samples},
+                        metric_type="accuracy",
+                        metric_value=round(sc.accuracy, 4),
+                        metric_name=f"accuracy (step {step}, {cap}-token cap)",
+                    )
+                )
+    return results
+
+
+def _hub_base_model(base: str) -> str | None:
+    """base_model metadata must be a Hub repo id; a local base dir is named in the text only (as TRL does)."""
+    return base if re.fullmatch(r"[\w.-]+/[\w.-]+", base) and not Path(base).exists() else None
+
+
+def _card_data(run: Run, model_name: str, step: int | None) -> ModelCardData:
+    tags = ["trl", "grpo", "capgrpo", f"arm-{run.arm}", run.policy_id, f"gate-{run.gate}"]
+    return ModelCardData(
+        base_model=_hub_base_model(run.meta["base_model"]),
+        library_name="transformers",
+        model_name=model_name,
+        tags=tags,
+        eval_results=_eval_results(run, step) if step is not None else None,
+    )
+
+
+def _render(template: str, data: ModelCardData, **context) -> ModelCard:
+    # Rendered here (not with ModelCard.from_template) so that StrictUndefined catches template mistakes;
+    # ModelCard() then re-parses the YAML header, which validates the metadata we wrote.
+    text = _templates.get_template(template).render(card_data=data.to_yaml(), **context)
+    return ModelCard(text)
+
+
+def _common(run: Run) -> dict:
+    return {
+        "arm": run.arm,
+        "arm_note": ARMS[run.arm].note if run.arm in ARMS else "",
+        "policy_id": run.policy_id,
+        "gate": run.gate,
+        "policy": describe_policy(run.policy),
+        "changes": changes_from_control(run),
+        "control_arm": CONTROL_ARM,
+        "groups_per_step": run.groups_per_step,
+        "num_generations": run.meta.get("num_generations"),
+        "base_model": run.meta["base_model"],
+        "grader_version": run.meta["grader_version"],
+        "eval": run.meta["eval"],
+        "seed": run.meta.get("config", {}).get("seed"),
+        "recipe": run.meta.get("recipe", "<the recipe .yaml of this run>"),
+        "versions": run.meta.get("versions", {}),
+        "other_caps": sorted({c for _, c in run.scores} - {run.eval_cap}),
+        "states": [f"state{s:03d}" for s in run.states],
+        "resumable": [s for s in run.states if s in run.saved],
+        "last_step": run.last_step,
+        "citations": CITATIONS,
+    }
+
+
+# --- checkpoint card --------------------------------------------------------------------------------
+def checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = None) -> ModelCard:
+    """The card of `stepNNN/`; `repo_id` (set by the push) makes the loading snippets point at the Hub repo."""
+    run = Run(run_dir)
+    name = f"step{step:03d}"
+    if step not in run.saved:
+        raise FileNotFoundError(f"{run.dir / name}: no such checkpoint directory")
+    base = run.scores.get((0, run.eval_cap), {})
+    rows = [_set_row(sc, base.get(n)) for n, sc in sorted(run.scores.get((step, run.eval_cap), {}).items())]
+    common = _common(run)
+    other = [_set_row(sc, None) for c in common["other_caps"] for sc in run.scores.get((step, c), {}).values()]
+    ranking = run.ranking()
+    rank = next((i + 1 for i, (s, _) in enumerate(ranking) if s == step), None)
+    model_name = f"capgrpo-{run.arm}-{name}"
+    return _render(
+        "checkpoint.md.j2",
+        _card_data(run, model_name, step),
+        **common,
+        model_name=model_name,
+        step=step,
+        step_dir=name,
+        state_dir=f"state{step:03d}",
+        rows=rows,
+        other_rows=other,
+        rank=rank,
+        rank_set=run.rank_set,
+        ranking=[(f"step{s:03d}", _pct(a)) for s, a in ranking],
+        evaluated_saved=[f"step{s:03d}" for s in run.saved if run.score(s, run.rank_set)],
+        architecture=run.architecture(step),
+        repo_id=repo_id,
+        load_path=repo_id or str(run.dir / name),
+        has_state=step in run.states,
+        system_prompt=SYSTEM_PROMPT,
+    )
+
+
+def write_checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = None) -> Path:
+    path = Path(run_dir) / f"step{step:03d}" / "README.md"
+    checkpoint_card(run_dir, step, repo_id=repo_id).save(path)
+    return path
+
+
+# --- run card ---------------------------------------------------------------------------------------
+def _comparison(run: Run, control: Path | str) -> dict:
+    """This run's last evaluated step against the control's, with `make compare`'s paired statistics."""
+    from analysis import compare  # imported here: it loads matplotlib, and most cards have no control
+
+    a, b = compare.load_run(run.dir), compare.load_run(control)
+    compare.check_comparable(a, b)
+    step_a, step_b = max(a.eval_files), max(b.eval_files)
+    ta, tb = a.table(step_a), b.table(step_b)
+    tests = []
+    for name in a.sets:
+        d = compare.paired_difference(ta[name], tb[name], n_resamples=N_RESAMPLES, seed=0)
+        tests.append({"set": name, "diff": f"{d.test.mean_diff:+.1f} pp", "p": _p(d.test.p_value), "n": d.test.n})
+    counts = compare.disagreements(ta[run.rank_set], tb[run.rank_set]) if run.rank_set in ta else Counter()
+    disagree = [f"{ob} → {oa}: {n}" for (ob, oa), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return {"arm": b.arm, "dir": str(b.path), "step_a": step_a, "step_b": step_b, "tests": tests, "disagree": disagree}
+
+
+def _trajectory(run: Run) -> dict:
+    logp = [r["logprob_median"] for r in run.steps if r.get("logprob_median") is not None]
+    gate = [(r["step"], r["gate_stat"]) for r in run.steps if r.get("gate_stat") is not None]
+    evals = run.evaluated()
+    lengths = [(s, sc.median_tokens) for s in evals if (sc := run.score(s, run.rank_set)) and sc.median_tokens]
+    return {
+        "logprob": (f"{logp[0]:.3f}", f"{logp[-1]:.3f}", f"{min(logp):.3f}", f"{max(logp):.3f}") if logp else None,
+        "length": (lengths[0], lengths[-1]) if len(lengths) > 1 else None,
+        "gate_last": (gate[-1][0], _pct(gate[-1][1])) if gate else None,
+        "bound_hits": sum(bool((r.get("groups") or {}).get("bound_hit")) for r in run.steps),
+    }
+
+
+def _decline(run: Run) -> dict | None:
+    """The rank set's peak evaluated step against the last one, paired by problem (as `make compare` does)."""
+    if len([s for s in run.evaluated() if run.score(s, run.rank_set)]) < 2:
+        return None
+    from analysis import compare
+
+    r = compare.load_run(run.dir)
+    pd = compare.peak_decline(r, run.rank_set, max(r.eval_files), n_resamples=N_RESAMPLES, seed=0)
+    out = {"peak": pd.peak_step, "last": pd.step}
+    if pd.peak_step != pd.step:
+        t = pd.change.test
+        out.update(diff=f"{t.mean_diff:+.1f} pp", p=_p(t.p_value), n=t.n)
+    return out
+
+
+def run_card(run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None) -> ModelCard:
+    """The run's README.md: the seed card's sections (summary, Recipe, Results, Limits, Files) for this run."""
+    run = Run(run_dir)
+    ranking = run.ranking()
+    best = ranking[0][0] if ranking else None
+    evals = run.evaluated()
+    table_sets = sorted({n for k in run.scores.values() for n in k})
+    table = [
+        {"step": s, "cap": c, "cells": [_pct(sc.accuracy) if (sc := run.score(s, n, c)) else "" for n in table_sets]}
+        for s, c in sorted(run.scores)
+    ]
+    model_name = f"capgrpo-{run.arm}"
+    return _render(
+        "run.md.j2",
+        _card_data(run, model_name, best),
+        **_common(run),
+        model_name=model_name,
+        snapshot=run.meta.get("snapshot", {}),
+        sets=run.meta.get("eval_sets", {}),
+        table_sets=table_sets,
+        table=table,
+        evaluated=[f"step{s:03d}" for s in evals],
+        saved=[f"step{s:03d}" for s in run.saved],
+        best=None if best is None else {"dir": f"step{best:03d}", "accuracy": _pct(ranking[0][1])},
+        last_saved=f"step{run.saved[-1]:03d}" if run.saved else None,
+        architecture=run.architecture(run.saved[-1]) if run.saved else run.meta.get("architecture", "?"),
+        versus=_comparison(run, control) if control is not None else None,
+        decline=_decline(run),
+        trajectory=_trajectory(run),
+        repo_id=repo_id,
+        rank_set=run.rank_set,
+    )
+
+
+def write_run_card(run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None) -> Path:
+    path = Path(run_dir) / "README.md"
+    run_card(run_dir, control, repo_id=repo_id).save(path)
+    return path
+
+
+def write_cards(
+    run_dir: Path | str,
+    control: Path | str | None = None,
+    *,
+    steps: list[int] | None = None,
+    repo_id: str | None = None,
+) -> list[Path]:
+    """Every checkpoint card (or those of `steps`) and the run card."""
+    run = Run(run_dir)
+    chosen = run.saved if steps is None else steps
+    written = [write_checkpoint_card(run.dir, s, repo_id=repo_id) for s in chosen]
+    return written + [write_run_card(run.dir, control, repo_id=repo_id)]
+
+
+# --- checkpoint hygiene and the trainer hook ----------------------------------------------------------
+def scrub_checkpoint_dir(ckpt_dir: Path | str, base_dir: Path | str) -> Path:
+    """Remove the base model's README.md/.gitattributes from a saved checkpoint, then write our card.
+
+    The seed's save copied the base model dir's README.md and .gitattributes into step010/, so the
+    checkpoint carried the base model's card. Any file byte-identical to one of those, and any
+    .gitattributes at all, is removed; the checkpoint's own card is then written from the run's files.
+    """
+    ckpt_dir, base_dir = Path(ckpt_dir), Path(base_dir)
+    if not (m := STEP_DIR.fullmatch(ckpt_dir.name)):
+        raise ValueError(f"{ckpt_dir}: not a stepNNN checkpoint directory")
+    base = [p.read_bytes() for p in (base_dir / f for f in BASE_FILES) if p.is_file()]
+    sizes = {len(b) for b in base}
+    for path in sorted(p for p in ckpt_dir.rglob("*") if p.is_file()):
+        if path.name == ".gitattributes" or (path.stat().st_size in sizes and path.read_bytes() in base):
+            logger.info("removing %s (copied from the base model %s)", path, base_dir)
+            path.unlink()
+    return write_checkpoint_card(ckpt_dir.parent, int(m[1]))
+
+
+class CardCallback(TrainerCallback):
+    """Writes the card of the checkpoint just saved (`step{global_step:03d}/`) and regenerates the run card."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            write_checkpoint_card(self.run_dir, state.global_step)
+            write_run_card(self.run_dir)
+
+
+def parse_steps(text: str | None) -> list[int] | None:
+    """`10,20` → [10, 20] (the CLI and `make` form of a step list)."""
+    if not text:
+        return None
+    try:
+        return sorted({int(s) for s in text.split(",") if s.strip()})
+    except ValueError:
+        raise ValueError(f"--steps: expected comma-separated step numbers like 10,20, got {text!r}") from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Regenerate the checkpoint cards and the run card of a run.")
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--control", type=Path, help="control run (e.g. runs/S0) for the paired comparison")
+    parser.add_argument("--steps", help="only these checkpoints, e.g. 10,20 (default: every stepNNN/)")
+    args = parser.parse_args(argv)
+    for path in write_cards(args.run_dir, args.control, steps=parse_steps(args.steps)):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

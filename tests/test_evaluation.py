@@ -1,0 +1,258 @@
+"""Fixed-seed evaluation: seeds, reproducible rows, RNG isolation, summaries, files, callback, standalone."""
+
+import hashlib
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import (  # noqa: E402
+    PreTrainedTokenizerFast,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    TrainerControl,
+    TrainerState,
+)
+
+from data.eval_sets import FIXED, HELDOUT  # noqa: E402
+from data.snapshot import snapshot_sha256, write_snapshot  # noqa: E402
+from rewards.outcome import Outcome  # noqa: E402
+from trainer.evaluation import (  # noqa: E402
+    ROW_FIELDS,
+    EvalCallback,
+    EvalSpec,
+    eval_path,
+    log_metrics,
+    main,
+    run_eval,
+    sample_seed,
+    summarize,
+    write_eval,
+)
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+            "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPEC = EvalSpec(cap=16, temperature=1.0, top_p=0.95, seed=1234, samples={FIXED: 3, HELDOUT: 1}, batch_size=4)
+TASKS = [
+    {"id": f"task-{i:02d}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(1, 9)
+]
+TASKS_BY_SET = {FIXED: TASKS[:3], HELDOUT: TASKS[3:]}  # 9 + 5 samples: uneven last batches
+
+
+def _tokenizer() -> PreTrainedTokenizerFast:
+    """Char-level tokenizer with Qwen's chat tokens: EOS <|im_end|>, pad <|endoftext|>."""
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + [chr(c) for c in range(32, 127)] + ["\n"])}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
+    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS[1:],
+    )  # fmt: skip
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _model(tok, seed: int = 0) -> Qwen3_5ForConditionalGeneration:
+    """Tiny random model of the real architecture: one linear-attention and one full-attention layer."""
+    ids = tok.convert_tokens_to_ids
+    text = dict(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=2, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )  # fmt: skip
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                  num_position_embeddings=16, patch_size=4, temporal_patch_size=1)  # fmt: skip
+    config = Qwen3_5Config(
+        text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return Qwen3_5ForConditionalGeneration(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return _model(tok)
+
+
+@pytest.fixture(scope="module")
+def rows(model, tok):
+    return run_eval(model, tok, TASKS_BY_SET, SPEC, step=5)
+
+
+def test_sample_seed_is_sha256_of_eval_seed_task_and_sample():
+    expected = int.from_bytes(hashlib.sha256(b"capgrpo-eval:1234:math-0123456789ab:3").digest()[:8], "big") >> 1
+    assert sample_seed(1234, "math-0123456789ab", 3) == expected
+    grid = {sample_seed(s, t, i) for s in (1, 2) for t in ("a", "b", "ab") for i in range(8)}
+    assert len(grid) == 2 * 3 * 8
+    assert all(0 <= s < 2**63 for s in grid)
+
+
+def test_rows_follow_the_contract(rows, tok):
+    assert [(r["set"], r["task_id"], r["sample"]) for r in rows] == sorted(
+        (name, t["id"], i) for name, tasks in TASKS_BY_SET.items() for t in tasks for i in range(SPEC.samples[name])
+    )
+    by_id = {t["id"]: t for t in TASKS}
+    for r in rows:
+        assert tuple(r) == ROW_FIELDS
+        assert (r["step"], r["cap"]) == (5, SPEC.cap)
+        assert r["seed"] == sample_seed(SPEC.seed, r["task_id"], r["sample"])
+        assert r["reference"] == by_id[r["task_id"]]["answer"]
+        assert r["outcome"] in {o.value for o in Outcome}
+        assert 1 <= r["completion_tokens"] <= SPEC.cap
+        if r["outcome"] == Outcome.TRUNCATED:  # no EOS: the whole cap was generated
+            assert r["completion_tokens"] == SPEC.cap
+            assert len(tok(r["completion"], add_special_tokens=False)["input_ids"]) == SPEC.cap
+        else:  # the EOS is counted but not part of the text
+            assert len(tok(r["completion"], add_special_tokens=False)["input_ids"]) == r["completion_tokens"] - 1
+    # a near-uniform random model over ~100 tokens ends some completions within 16 tokens, not all
+    outcomes = {r["outcome"] for r in rows}
+    assert Outcome.TRUNCATED in outcomes and outcomes - {Outcome.TRUNCATED}
+
+
+def test_consecutive_evaluations_without_update_are_identical(model, tok, rows):
+    assert run_eval(model, tok, TASKS_BY_SET, SPEC, step=5) == rows
+
+
+def test_same_weights_give_same_rows_whatever_the_task_order(model, tok, rows):
+    twin = _model(tok, seed=99)
+    twin.load_state_dict(model.state_dict())
+    shuffled = {HELDOUT: TASKS_BY_SET[HELDOUT][::-1], FIXED: TASKS_BY_SET[FIXED][::-1]}
+    assert run_eval(twin, tok, shuffled, SPEC, step=5) == rows
+    other = _model(tok, seed=1)  # other weights: other completions, same seeds
+    changed = run_eval(other, tok, TASKS_BY_SET, SPEC, step=5)
+    assert [r["seed"] for r in changed] == [r["seed"] for r in rows]
+    assert [r["completion"] for r in changed] != [r["completion"] for r in rows]
+
+
+def test_evaluation_leaves_the_training_rng_and_module_modes_alone(model, tok):
+    torch.manual_seed(7)
+    expected = torch.rand(5)
+    model.train()
+    model.model.visual.eval()  # a frozen tower stays in eval mode
+    torch.manual_seed(7)
+    run_eval(model, tok, {HELDOUT: TASKS[:2]}, SPEC, step=0)
+    assert torch.equal(torch.rand(5), expected)
+    assert model.training and model.model.language_model.training and not model.model.visual.training
+    model.eval()
+
+
+def _row(set_name, outcome, i=0):
+    return {"set": set_name, "outcome": outcome, "task_id": f"t{i}", "sample": 0}
+
+
+def test_summary_accuracy_excludes_indeterminate_from_the_denominator():
+    outcomes = ["correct"] * 3 + ["wrong", "truncated", "format_rejected", "indeterminate", "indeterminate"]
+    rows = [_row(FIXED, o, i) for i, o in enumerate(outcomes)] + [_row(HELDOUT, "indeterminate")]
+    summary = summarize(rows)
+    assert summary[FIXED] == {
+        "accuracy": 3 / 6,
+        "n": 8,
+        "outcomes": {"truncated": 1, "format_rejected": 1, "correct": 3, "wrong": 1, "indeterminate": 2},
+    }
+    assert summary[HELDOUT]["accuracy"] is None and summary[HELDOUT]["n"] == 1
+    logs = log_metrics(summary)
+    assert logs["eval/fixed32/accuracy"] == 0.5
+    assert logs["eval/fixed32/correct"] == 3 / 8 and logs["eval/fixed32/indeterminate"] == 2 / 8
+    assert "eval/heldout300/accuracy" not in logs and logs["eval/heldout300/indeterminate"] == 1.0
+    with pytest.raises(ValueError):
+        summarize([_row(FIXED, "maybe")])
+
+
+def test_write_eval_is_exclusive_per_cap(tmp_path, rows):
+    path = write_eval(tmp_path, 5, rows)
+    assert path == tmp_path / "results" / "eval_step005.jsonl"
+    assert [json.loads(line) for line in path.read_text().splitlines()] == rows
+    assert write_eval(tmp_path, 5, rows) == path  # same rows again: fine
+    edited = [{**r, "completion": r["completion"] + "!"} for r in rows]
+    with pytest.raises(FileExistsError):
+        write_eval(tmp_path, 5, edited)
+    write_eval(tmp_path, 5, edited, overwrite=True)
+    assert json.loads(path.read_text().splitlines()[0])["completion"].endswith("!")
+    other_cap = [{**r, "cap": 32} for r in rows]
+    with pytest.raises(FileExistsError):  # never replaces a file written at another cap
+        write_eval(tmp_path, 5, other_cap, overwrite=True)
+    assert write_eval(tmp_path, 5, other_cap, cap_suffix=32).name == "eval_step005_cap0032.jsonl"
+    with pytest.raises(ValueError):
+        write_eval(tmp_path, 5, rows, cap_suffix=32)
+    with pytest.raises(ValueError):
+        write_eval(tmp_path, 6, rows)
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "eval_step005.jsonl",
+        "eval_step005_cap0032.jsonl",
+    ]
+
+
+def test_callback_fires_at_step_zero_every_n_and_at_the_last_step(tmp_path, model, tok):
+    logged = []
+    small = {HELDOUT: TASKS[:2]}
+    callback = EvalCallback(tmp_path, small, SPEC, eval_every=3, tokenizer=tok, log_fn=logged.append)
+    state, control = TrainerState(max_steps=7), TrainerControl()
+    callback.on_train_begin(None, state, control, model=model)
+    evaluated = [callback.last_step]
+    for step in range(1, 8):
+        state.global_step = step
+        callback.on_step_end(None, state, control, model=model)
+        if callback.last_step == step:
+            evaluated.append(step)
+            assert callback.last_summary == summarize(
+                json.loads(line) for line in eval_path(tmp_path, step).read_text().splitlines()
+            )
+            assert callback.last_seconds > 0
+    assert evaluated == [0, 3, 6, 7]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        f"eval_step{s:03d}.jsonl" for s in evaluated
+    ]
+    assert len(logged) == 4 and set(logged[0]) >= {f"eval/{HELDOUT}/{o.value}" for o in Outcome}
+    resumed = EvalCallback(tmp_path / "resumed", small, SPEC, eval_every=3, tokenizer=tok)
+    resumed.on_train_begin(None, TrainerState(max_steps=7, global_step=4), control, model=model)
+    assert resumed.last_step is None and not (tmp_path / "resumed").exists()
+
+
+@pytest.mark.slow
+def test_standalone_command_reproduces_in_process_rows(tmp_path, model, tok, rows):
+    run_dir = tmp_path / "run"
+    for name in ("base", "run/step005"):
+        model.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+    snapshot = tmp_path / "tiny.tasks.json"
+    write_snapshot(TASKS, snapshot)
+    run = {
+        "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
+        "base_model": str(tmp_path / "base"),
+        "eval_sets": {name: [t["id"] for t in tasks] for name, tasks in TASKS_BY_SET.items()},
+        "eval": SPEC.to_json(),
+    }
+    (run_dir / "run.json").write_text(json.dumps(run))
+    write_eval(run_dir, 5, rows)  # what training wrote at step 5
+    before = eval_path(run_dir, 5).read_bytes()
+    assert main([str(run_dir), "--steps", "0,5", "--backend", "transformers", "--device", "cpu"]) == 0
+    assert eval_path(run_dir, 5).read_bytes() == before
+    base_rows = [json.loads(line) for line in eval_path(run_dir, 0).read_text().splitlines()]
+    assert base_rows == [{**r, "step": 0} for r in rows]  # same weights, same seeds, same rows
+
+    assert main([str(run_dir), "--steps", "5", "--cap", "8", "--backend", "transformers"]) == 0
+    capped = [json.loads(line) for line in eval_path(run_dir, 5, 8).read_text().splitlines()]
+    assert {r["cap"] for r in capped} == {8} and [r["seed"] for r in capped] == [r["seed"] for r in rows]
+
+    eval_path(run_dir, 5).write_text(eval_path(run_dir, 5).read_text().replace('"step": 5', '"step": 5 '))
+    assert main([str(run_dir), "--steps", "5", "--backend", "transformers"]) == 1  # refuses to overwrite
+    run["snapshot"]["sha256"] = "0" * 64
+    (run_dir / "run.json").write_text(json.dumps(run))
+    assert main([str(run_dir), "--steps", "5", "--backend", "transformers"]) == 1  # snapshot verified

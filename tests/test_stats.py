@@ -1,0 +1,114 @@
+"""The sign-flip test against scipy's paired permutation test, and on cases small enough to count by hand."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import permutation_test
+
+from analysis.stats import sign_flip_test
+
+
+def scipy_p(x, y, n_resamples=np.inf, rng=0) -> float:
+    """scipy's two-sided paired permutation test of mean(x − y); exact when 2^n <= n_resamples."""
+    res = permutation_test(
+        (x, y),
+        lambda a, b, axis: np.mean(a - b, axis=axis),
+        permutation_type="samples",
+        alternative="two-sided",
+        n_resamples=n_resamples,
+        vectorized=True,
+        rng=rng,
+    )
+    return float(res.pvalue)
+
+
+def paired_samples(rng, n: int, shift: float, n_ties: int = 0, lattice: bool = False):
+    """Pairs (x, y) with mean shift; the first n_ties pairs equal (zero differences); lattice: 0/1 outcomes."""
+    if lattice:
+        x, y = rng.integers(0, 2, n).astype(float), (rng.random(n) < 0.5 - shift).astype(float)
+    else:
+        x = rng.normal(size=n)
+        y = x - rng.normal(shift, 1.0, size=n)
+    y[:n_ties] = x[:n_ties]
+    return x, y
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_exact_matches_scipy_exact(seed):
+    rng = np.random.default_rng(seed)
+    for lattice in (False, True):
+        n = int(rng.integers(2, 13))
+        x, y = paired_samples(rng, n, shift=0.4, n_ties=int(rng.integers(0, 3)), lattice=lattice)
+        res = sign_flip_test(x - y)
+        assert res.method == "exact"
+        assert res.n == n and res.n_nonzero == int(np.count_nonzero(x - y))
+        assert res.n_resamples == 2**res.n_nonzero
+        assert res.mean_diff == pytest.approx(np.mean(x - y))
+        assert res.p_value == pytest.approx(scipy_p(x, y), abs=1e-12)
+
+
+def test_monte_carlo_matches_scipy_monte_carlo():
+    rng = np.random.default_rng(11)
+    for shift in (0.2, 0.45):
+        x, y = paired_samples(rng, 40, shift, n_ties=5)  # 2^40 patterns: both sides must sample
+        res = sign_flip_test(x - y, n_resamples=20_000, seed=3)
+        assert res.method == "monte_carlo" and res.n_resamples == 20_000
+        ref = scipy_p(x, y, n_resamples=20_000, rng=5)
+        # Two independent estimates of p, each with s.e. about 2 * sqrt(q (1 - q) / m), q the tail share.
+        q = ref / 2
+        se = 2 * math.sqrt(q * (1 - q) / 20_000)
+        assert abs(res.p_value - ref) < 5 * math.sqrt(2) * se + 1e-4
+
+
+def test_monte_carlo_agrees_with_exact_and_scipy_exact():
+    rng = np.random.default_rng(7)
+    x, y = paired_samples(rng, 16, 0.5, n_ties=2)
+    exact = sign_flip_test(x - y)
+    mc = sign_flip_test(x - y, n_resamples=50_000, seed=1, exact_max=0)
+    assert exact.method == "exact" and mc.method == "monte_carlo"
+    assert exact.p_value == pytest.approx(scipy_p(x, y), abs=1e-12)
+    q = exact.p_value / 2
+    assert abs(mc.p_value - exact.p_value) < 5 * 2 * math.sqrt(q * (1 - q) / 50_000) + 1e-4
+
+
+def test_monte_carlo_is_seeded():
+    d = np.random.default_rng(2).normal(0.3, 1, 30)
+    assert sign_flip_test(d, seed=4, n_resamples=5000) == sign_flip_test(d, seed=4, n_resamples=5000)
+    assert sign_flip_test(d, seed=4, n_resamples=5000) != sign_flip_test(d, seed=5, n_resamples=5000)
+
+
+def test_extreme_data_hand_counted():
+    # All differences positive: only the all-plus pattern reaches the observed mean.
+    exact = sign_flip_test(np.arange(1.0, 11.0))
+    assert exact.p_value == 2 / 2**10
+    # Monte Carlo: a random pattern is all-plus with probability 2^-30, so b = 0 and p = 2 / (m + 1).
+    mc = sign_flip_test(np.ones(30), n_resamples=999)
+    assert mc.method == "monte_carlo" and mc.p_value == 2 / 1000
+
+
+def test_small_case_hand_counted():
+    # Non-zero differences +1, +1, +1, −1 (sum 2): of 16 patterns, sum 4 once and sum 2 four times.
+    res = sign_flip_test([1, 1, 0, 1, -1, 0])
+    assert (res.n, res.n_nonzero, res.n_resamples) == (6, 4, 16)
+    assert res.mean_diff == pytest.approx(2 / 6)
+    assert res.p_value == pytest.approx(2 * 5 / 16)
+
+
+def test_zero_differences_change_n_and_mean_not_p():
+    d = np.array([0.5, -1.5, 2.0, 1.0, 0.25])
+    with_zeros = sign_flip_test(np.concatenate([d, np.zeros(4)]))
+    assert with_zeros.p_value == sign_flip_test(d).p_value
+    assert (with_zeros.n, with_zeros.n_nonzero) == (9, 5)
+    assert with_zeros.mean_diff == pytest.approx(d.sum() / 9)
+
+
+def test_all_zero_differences():
+    res = sign_flip_test(np.zeros(5))
+    assert (res.p_value, res.n_nonzero, res.mean_diff, res.method) == (1.0, 0, 0.0, "exact")
+
+
+@pytest.mark.parametrize("bad", [[], [1.0, float("nan")], [[1.0, 2.0]]])
+def test_rejects_bad_input(bad):
+    with pytest.raises(ValueError, match="sign_flip_test"):
+        sign_flip_test(bad)

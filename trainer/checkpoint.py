@@ -1,0 +1,158 @@
+"""Checkpoints (SPEC §6): `stepNNN/` bf16 weights with a generated card, `stateNNN/` exact-resume state.
+
+Saving happens right after a step's row is in steps.jsonl, so a state never exists without its row.
+Resume goes through the Trainer's own resume path with three overrides in `CapGRPOTrainer`
+(`_load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_rng_state`) that read `stateNNN/`.
+"""
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+from trainer.cpu_adamw import CPUAdamW
+from trainer.state_shard import StateError, capture_rng_state, latest_state, load_state, save_state, verify_state
+
+STEP_DIR = re.compile(r"^step(\d{3,})$")
+
+
+def step_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"step{step:03d}"
+
+
+def state_dir(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"state{step:03d}"
+
+
+def is_checkpoint_step(step: int, args) -> bool:
+    every = args.checkpoint_every
+    return step in set(args.checkpoint_steps) or bool(every and step % every == 0) or step == args.max_steps
+
+
+# --- optimizer state, keyed by parameter name ---------------------------------------------------------
+def export_optimizer(trainer) -> tuple[dict[str, torch.Tensor], dict]:
+    """fp32 masters + exp_avg + exp_avg_sq per trainable parameter, whichever AdamW is in use."""
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if isinstance(opt, CPUAdamW):
+        return opt.export_state()
+    tensors, steps = {}, {}
+    for name, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters():
+        if not p.requires_grad:
+            continue
+        st = opt.state.get(p, {})
+        tensors[f"master/{name}"] = p.detach().float().cpu().contiguous()
+        if st:
+            tensors[f"exp_avg/{name}"] = st["exp_avg"].detach().float().cpu().contiguous()
+            tensors[f"exp_avg_sq/{name}"] = st["exp_avg_sq"].detach().float().cpu().contiguous()
+            steps[name] = float(st["step"])
+    return tensors, {"optimizer": type(opt).__name__, "steps": steps}
+
+
+def import_optimizer(trainer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    if isinstance(opt, CPUAdamW):
+        opt.import_state(tensors, meta)
+        return
+    for name, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters():
+        if name in meta["steps"]:
+            opt.state[p] = {
+                "step": torch.tensor(meta["steps"][name]),
+                "exp_avg": tensors[f"exp_avg/{name}"].to(p.device, p.dtype),
+                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(p.device, p.dtype),
+            }
+
+
+def load_masters_into_model(model, tensors: dict[str, torch.Tensor]) -> None:
+    """Weights come from the fp32 masters, not from the bf16 stepNNN/: that is what makes resume exact."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            key = f"master/{name}"
+            if key in tensors:
+                p.copy_(tensors[key].to(p.dtype))
+
+
+# --- saving -------------------------------------------------------------------------------------------
+def save_weights(trainer, target: Path) -> None:
+    """bf16 safetensors + config (the base's own architecture) + tokenizer + generation config + card."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    state = trainer.accelerator.get_state_dict(trainer.model)  # gathers sharded (FSDP/ZeRO-3) weights
+    if not trainer.accelerator.is_main_process:
+        return
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+    dtype, model.config.dtype = model.config.dtype, torch.bfloat16
+    try:
+        model.save_pretrained(tmp, state_dict=bf16, safe_serialization=True)
+    finally:
+        model.config.dtype = dtype
+    trainer.processing_class.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    os.replace(tmp, target)
+
+
+def save_state_dir(trainer, run_dir: Path, step: int) -> Path:
+    tensors, opt_meta = export_optimizer(trainer)
+    arm = trainer.arm
+    meta = {
+        "step": step,
+        "checkpoint_id": f"{Path(run_dir).name}/state{step:03d}",
+        "arm": arm.name,
+        "policy_id": arm.policy_id,
+        "task_sampler": trainer.task_sampler.state_dict(),
+        "rng": capture_rng_state(),
+        "scheduler": trainer.lr_scheduler.state_dict(),
+        "optimizer": opt_meta,
+    }
+    trainer.state.save_to_json(str(Path(run_dir) / ".trainer_state.json"))
+    trainer_state = json.loads((Path(run_dir) / ".trainer_state.json").read_text())
+    (Path(run_dir) / ".trainer_state.json").unlink()
+    return save_state(
+        state_dir(run_dir, step), tensors=tensors, meta=meta, extra_json={"trainer_state.json": trainer_state}
+    )
+
+
+def prune_states(run_dir: Path, keep: int) -> None:
+    states = sorted(p for p in Path(run_dir).glob("state[0-9][0-9][0-9]*") if p.is_dir())
+    for old in states[:-keep] if keep > 0 else []:
+        shutil.rmtree(old)
+
+
+class CheckpointCallback(TrainerCallback):
+    """Saves stepNNN/ (+ card) and stateNNN/ at the configured steps, after the step's row is written."""
+
+    def __init__(self, trainer, run_dir: Path):
+        self.trainer, self.run_dir = trainer, Path(run_dir)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        step = state.global_step
+        if not logs or "loss" not in logs or not is_checkpoint_step(step, args):
+            return
+        t0 = time.perf_counter()
+        save_weights(self.trainer, step_dir(self.run_dir, step))
+        if self.trainer.accelerator.is_main_process:
+            save_state_dir(self.trainer, self.run_dir, step)
+            prune_states(self.run_dir, args.keep_states)
+        self.trainer.accelerator.wait_for_everyone()
+        self.trainer.last_save_seconds = time.perf_counter() - t0
+
+
+# --- resume -------------------------------------------------------------------------------------------
+def resume_state_dir(run_dir: Path, args) -> Path:
+    """The newest stateNNN/ of `run_dir` with its stepNNN/, fully verified before anything is loaded."""
+    state = latest_state(run_dir)
+    if state is None:
+        raise StateError(f"{run_dir}: no stateNNN/ directory to resume from")
+    weights = step_dir(run_dir, int(state.name.removeprefix("state")))
+    if not (weights / "config.json").is_file():
+        raise StateError(f"{weights}: missing (resume needs the stepNNN/ beside {state.name}/)")
+    verify_state(state)
+    arm = args.resolved_arm()
+    load_state(state, expect={"arm": arm.name, "policy_id": arm.policy_id}, tensors=False)
+    return state

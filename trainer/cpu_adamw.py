@@ -1,0 +1,244 @@
+"""CPU-offloaded AdamW (SPEC §6): bf16 weights and grads on the accelerator, fp32 state in host memory.
+
+Per parameter the host keeps an fp32 master copy and both Adam moments; the device keeps only the
+model-dtype parameter and its gradient, so a 9B full fine-tune fits one H200. `step()`:
+
+1. copies each grad (model dtype) into a page-locked host staging buffer (non_blocking, one event per
+   parameter, so the CPU starts on the first parameter while later ones are still in flight);
+2. runs exactly the op sequence of `torch.optim.AdamW` (single-tensor and foreach paths agree) on the
+   fp32 masters, in cache-sized batches of parameter chunks driven by `torch._foreach_*` ops. Every
+   op is elementwise, so chunking does not change a single bit, while each batch stays in cache for
+   the ~10 passes AdamW makes and small parameters share one foreach call;
+3. writes the new masters, cast to the parameter's dtype, into the same staging buffer and copies
+   them back to the device (non_blocking, overlapping the remaining CPU work).
+
+Parameters must be given with names, using torch's own named-parameter support: `params` is an
+iterable of `(name, tensor)` pairs or a list of param-group dicts whose "params" are such pairs
+(torch then stores `group["param_names"]`). The names key `export_state()` / `import_state()`, the
+exact-resume format saved by `trainer.state_shard`.
+
+State is created lazily, for every parameter at once, at the first `step()` or `import_state()`,
+masters copied from the current parameter values; a parameter keeps `step == 0` (and is left
+untouched, weight decay included) until it first has a grad, which matches torch's per-parameter
+step counts. After that the masters are the truth: load new weights through `import_state`.
+"""
+
+import weakref
+from collections.abc import Iterable
+
+import torch
+
+STATE_FORMAT = "capgrpo.cpu_adamw/1"
+_MOMENTS = ("master", "exp_avg", "exp_avg_sq")
+_HYPER = ("lr", "betas", "eps", "weight_decay", "initial_lr")  # initial_lr: set by LR schedulers
+
+
+class CPUAdamW(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        chunk_elems: int = 2**18,
+    ):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(
+                f"invalid AdamW hyperparameters: lr={lr} betas={betas} eps={eps} wd={weight_decay}"
+            )
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
+        self.chunk_elems = chunk_elems
+        names = []
+        for group in self.param_groups:
+            if len(group.get("param_names", ())) != len(group["params"]):
+                raise ValueError("CPUAdamW needs named parameters: pass (name, tensor) pairs")
+            names += group["param_names"]
+            for name, p in zip(group["param_names"], group["params"]):
+                if not p.is_contiguous():
+                    raise ValueError(f"parameter {name!r} is not contiguous")
+        if len(set(names)) != len(names):
+            raise ValueError("CPUAdamW: duplicate parameter names")
+        self._staging: dict[torch.Tensor, torch.Tensor] = {}  # param -> pinned host buffer, model dtype
+        self._pinned: list[torch.Tensor] = []  # backing storage of the staging views
+
+    # --- state ------------------------------------------------------------------------------------
+    def _named(self):
+        for group in self.param_groups:
+            yield from zip(group["param_names"], group["params"])
+
+    def _init_state(self) -> None:
+        """Allocate host state for every parameter (masters from the current values)."""
+        if self.state:
+            return
+        for _, p in self._named():
+            master = p.detach().to("cpu", torch.float32, copy=True)
+            self.state[p] = {"step": 0, "master": master, "exp_avg": torch.zeros_like(master),
+                             "exp_avg_sq": torch.zeros_like(master)}  # fmt: skip
+        device_params = [p for _, p in self._named() if p.device.type == "cuda"]
+        for dtype in {p.dtype for p in device_params}:
+            ps = [p for p in device_params if p.dtype == dtype]
+            flat = _pinned_empty(sum(p.numel() for p in ps), dtype)
+            self._pinned.append(flat)
+            offset = 0
+            for p in ps:
+                self._staging[p] = flat[offset : offset + p.numel()]
+                offset += p.numel()
+
+    # --- the update -------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._init_state()
+        for group in self.param_groups:
+            live = [p for p in group["params"] if p.grad is not None]
+            events = {}
+            for p in live:  # start every device-to-host copy before computing anything
+                if p in self._staging:
+                    self._staging[p].copy_(p.grad.reshape(-1), non_blocking=True)
+                    events[p] = torch.cuda.Event()
+                    events[p].record()
+            grads = {p: self._staging[p] if p in self._staging else p.grad.reshape(-1) for p in live}
+            by_step: dict[int, list[torch.Tensor]] = {}
+            for p in live:
+                self.state[p]["step"] += 1
+                by_step.setdefault(self.state[p]["step"], []).append(p)
+            for step, ps in by_step.items():
+                self._update(group, step, ps, grads, events)
+        return loss
+
+    def _update(self, group: dict, step: int, params: list, grads: dict, events: dict) -> None:
+        lr, (beta1, beta2), eps, wd = float(group["lr"]), group["betas"], group["eps"], group["weight_decay"]
+        # scalars computed exactly as torch.optim.adam._single_tensor_adam does
+        step_size = lr / (1 - beta1**step)
+        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+        scratch_g = torch.empty(self.chunk_elems, dtype=torch.float32)
+        scratch_d = torch.empty(self.chunk_elems, dtype=torch.float32)
+        for batch, finished in self._batches(params):
+            last = batch[-1][0]  # copies complete in stream order: the batch's last one covers it
+            if last in events:
+                events[last].synchronize()
+            masters, exp_avgs, exp_avg_sqs, grads_in, weights_out = ([] for _ in range(5))
+            for p, a, b in batch:
+                st = self.state[p]
+                masters.append(st["master"].view(-1)[a:b])
+                exp_avgs.append(st["exp_avg"].view(-1)[a:b])
+                exp_avg_sqs.append(st["exp_avg_sq"].view(-1)[a:b])
+                grads_in.append(grads[p][a:b])
+                weights_out.append(self._staging.get(p, p.view(-1))[a:b])
+            g, denom, offset = [], [], 0
+            for m in masters:
+                g.append(scratch_g[offset : offset + m.numel()])
+                denom.append(scratch_d[offset : offset + m.numel()])
+                offset += m.numel()
+            torch._foreach_copy_(g, grads_in)
+            if wd != 0:
+                torch._foreach_mul_(masters, 1 - lr * wd)
+            torch._foreach_lerp_(exp_avgs, g, 1 - beta1)
+            torch._foreach_mul_(exp_avg_sqs, beta2)
+            torch._foreach_addcmul_(exp_avg_sqs, g, g, value=1 - beta2)
+            torch._foreach_copy_(denom, exp_avg_sqs)
+            torch._foreach_sqrt_(denom)
+            torch._foreach_div_(denom, bias_correction2_sqrt)
+            torch._foreach_add_(denom, eps)
+            torch._foreach_addcdiv_(masters, exp_avgs, denom, value=-step_size)
+            torch._foreach_copy_(weights_out, masters)  # cast to the model dtype
+            for p in finished:
+                if p in self._staging:
+                    p.view(-1).copy_(self._staging[p], non_blocking=True)
+
+    def _batches(self, params: list[torch.Tensor]):
+        """Yield (chunks, params finished in this batch); chunks are (param, start, stop), <= chunk_elems."""
+        batch, finished, size = [], [], 0
+        for p in params:
+            n = p.numel()
+            for a in range(0, n, self.chunk_elems):
+                b = min(n, a + self.chunk_elems)
+                if size + b - a > self.chunk_elems:
+                    yield batch, finished
+                    batch, finished, size = [], [], 0
+                batch.append((p, a, b))
+                size += b - a
+            finished.append(p)
+        if batch:
+            yield batch, finished
+
+    # --- exact-resume state -------------------------------------------------------------------------
+    def export_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """fp32 host tensors keyed "master/<name>", "exp_avg/<name>", "exp_avg_sq/<name>", and JSON meta.
+
+        The tensors are the live state (no copy): save them before the next step.
+        """
+        self._init_state()
+        tensors = {f"{k}/{name}": self.state[p][k] for name, p in self._named() for k in _MOMENTS}
+        groups = [
+            {k: list(g[k]) if k == "betas" else g[k] for k in _HYPER if k in g} for g in self.param_groups
+        ]
+        for out, g in zip(groups, self.param_groups):
+            out["param_names"] = list(g["param_names"])
+        meta = {"format": STATE_FORMAT, "param_groups": groups,
+                "step": {name: self.state[p]["step"] for name, p in self._named()}}  # fmt: skip
+        return tensors, meta
+
+    @torch.no_grad()
+    def import_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Restore masters, moments, per-parameter steps and group hyperparameters; then write the masters
+        (cast to the parameter dtype) into the model parameters. Everything is checked before anything
+        changes; a mismatch raises ValueError naming the parameter or field."""
+        if meta.get("format") != STATE_FORMAT:
+            raise ValueError(f"optimizer state format is {meta.get('format')!r}, expected {STATE_FORMAT!r}")
+        groups = meta.get("param_groups")
+        if not isinstance(groups, list) or len(groups) != len(self.param_groups):
+            raise ValueError(
+                f"optimizer state has {len(groups or [])} param groups, expected {len(self.param_groups)}"
+            )
+        for i, (saved, g) in enumerate(zip(groups, self.param_groups)):
+            if saved.get("param_names") != g["param_names"]:
+                raise ValueError(f"optimizer state param_groups[{i}].param_names differ from the model's")
+        steps = meta.get("step", {})
+        for name, p in self._named():
+            if not isinstance(steps.get(name), int) or steps[name] < 0:
+                raise ValueError(f"optimizer state: step of parameter {name!r} missing or invalid")
+            for k in _MOMENTS:
+                t = tensors.get(f"{k}/{name}")
+                if t is None or tuple(t.shape) != tuple(p.shape):
+                    found = "missing" if t is None else f"shape {tuple(t.shape)}"
+                    raise ValueError(
+                        f"optimizer state tensor '{k}/{name}': {found}, expected {tuple(p.shape)}"
+                    )
+        self._init_state()
+        for saved, g in zip(groups, self.param_groups):
+            g.update({k: tuple(saved[k]) if k == "betas" else saved[k] for k in _HYPER if k in saved})
+        for name, p in self._named():
+            st = self.state[p]
+            st["step"] = steps[name]
+            for k in _MOMENTS:
+                st[k].copy_(tensors[f"{k}/{name}"])
+            p.copy_(st["master"])
+
+    # The base class's format would be cast to each parameter's dtype and device (bf16 on the GPU) on
+    # load. accelerate's prepare() round-trips state_dict() through the device: lazy state keeps that empty.
+    def state_dict(self) -> dict:
+        if not self.state:
+            return {"tensors": {}, "meta": {}}
+        tensors, meta = self.export_state()
+        return {"tensors": tensors, "meta": meta}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        if not state_dict["tensors"]:
+            return
+        self.import_state({k: v.cpu() for k, v in state_dict["tensors"].items()}, state_dict["meta"])
+
+
+def _pinned_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Page-locked host buffer. cudaHostRegister on a plain allocation, because the caching host
+    allocator behind pin_memory=True rounds every block up to a power of two (32 GB for 18 GB)."""
+    buf = torch.empty(numel, dtype=dtype)
+    nbytes = numel * buf.element_size()
+    if nbytes and torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0) == 0:
+        weakref.finalize(buf, torch.cuda.cudart().cudaHostUnregister, buf.data_ptr())
+    return buf

@@ -1,0 +1,527 @@
+"""Fixed-seed evaluation (SPEC §5): fixed32 × 8 and heldout300 × 1 with the same seeds at every step.
+
+Sample i of task p is always drawn with `sample_seed(eval_seed, p, i)`, so differences between
+evaluated steps come from the weights, not from sampling noise. Rows go to `results/eval_stepNNN.jsonl`
+(docs/CONTRACTS.md); docs/evaluation.md says which reproducibility guarantee each backend gives.
+
+    python -m trainer.evaluation RUN_DIR --steps 20,29 [--cap 24576]
+
+re-evaluates saved checkpoints after the fact, with the run's own sets and seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from accelerate import PartialState  # noqa: E402
+from transformers import GenerationConfig, TrainerCallback  # noqa: E402
+
+from data.eval_sets import FIXED, HELDOUT  # noqa: E402
+from data.prompt import render_prompt  # noqa: E402
+from rewards.outcome import Outcome  # noqa: E402
+
+ROW_FIELDS = (
+    "step",
+    "set",
+    "task_id",
+    "sample",
+    "seed",
+    "outcome",
+    "answer",
+    "reference",
+    "completion_tokens",
+    "cap",
+    "completion",
+)
+GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    cap: int = 8192  # max new tokens; a completion without EOS within it is `truncated`
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 1234  # eval seed: every per-sample seed derives from it
+    samples: Mapping[str, int] = field(default_factory=lambda: {FIXED: 8, HELDOUT: 1})
+    batch_size: int = 64  # transformers backend: part of what fixes the random stream
+
+    def __post_init__(self):
+        if self.cap < 1 or self.batch_size < 1:
+            raise ValueError(f"eval spec: cap and batch_size must be >= 1, got {self.cap}, {self.batch_size}")
+        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+            raise ValueError(f"eval spec: need temperature > 0 and 0 < top_p <= 1, got {self}")
+        if any(n < 1 for n in self.samples.values()):
+            raise ValueError(f"eval spec: samples per set must be >= 1, got {dict(self.samples)}")
+
+    def to_json(self) -> dict:
+        """The `eval` object of run.json."""
+        return {
+            "cap": self.cap,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "samples": dict(self.samples),
+            "batch_size": self.batch_size,
+        }
+
+    @classmethod
+    def from_run(cls, run: Mapping, where: str = "run.json") -> EvalSpec:
+        """Read run.json's `eval` object; batch_size falls back to the resolved config's eval_batch_size."""
+        ev = run.get("eval")
+        if not isinstance(ev, Mapping):
+            raise ValueError(f"{where}: missing object 'eval'")
+        missing = [k for k in ("cap", "temperature", "top_p", "seed", "samples") if k not in ev]
+        if missing:
+            raise ValueError(f"{where}: 'eval' lacks {', '.join(missing)}")
+        batch_size = ev.get("batch_size", (run.get("config") or {}).get("eval_batch_size", cls.batch_size))
+        keys = ("cap", "temperature", "top_p", "seed")
+        return cls(**{k: ev[k] for k in keys}, samples=dict(ev["samples"]), batch_size=batch_size)
+
+
+def _hash63(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") >> 1
+
+
+def sample_seed(eval_seed: int, task_id: str, sample: int) -> int:
+    """The seed of sample `sample` of task `task_id`: the same at every step and in the standalone command."""
+    return _hash63(f"capgrpo-eval:{eval_seed}:{task_id}:{sample}")
+
+
+# --- generation -----------------------------------------------------------------------------------
+def eos_token_ids(tokenizer, generation_config: GenerationConfig | None) -> list[int]:
+    """Every EOS the model declares plus the tokenizer's, as TRL's GRPOTrainer uses while training."""
+    declared = getattr(generation_config, "eos_token_id", None)
+    ids = [] if declared is None else [declared] if isinstance(declared, int) else list(declared)
+    return ids if tokenizer.eos_token_id in ids else [tokenizer.eos_token_id, *ids]
+
+
+def _cut(tokens: Sequence[int], eos: Sequence[int]) -> tuple[list[int], bool]:
+    """(tokens before the first EOS, whether an EOS ended the completion)."""
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return list(tokens[:i]), True
+    return list(tokens), False
+
+
+def _generate_transformers(model, pad_id: int, prompts, seeds, spec: EvalSpec, eos: list[int]):
+    """Left-padded fixed batches in the given order; each batch's stream is seeded from its members."""
+    config = GenerationConfig(
+        do_sample=True,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        max_new_tokens=spec.cap,
+        # explicit neutral values: unset ones would be filled from the checkpoint's generation_config
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        eos_token_id=eos,
+        pad_token_id=pad_id,
+        use_cache=True,
+        disable_compile=True,
+    )
+    out = []
+    for start in range(0, len(prompts), spec.batch_size):
+        batch, batch_seeds = prompts[start : start + spec.batch_size], seeds[start : start + spec.batch_size]
+        width = max(map(len, batch))
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
+        torch.manual_seed(_hash63(",".join(map(str, batch_seeds))))
+        with torch.no_grad():
+            generated = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        out += [_cut(row, eos) for row in generated[:, width:].tolist()]
+    return out
+
+
+def _generate_vllm(llm, prompts, seeds, spec: EvalSpec, eos: list[int]):
+    """One request per sample with its own seed: each stream depends on that seed alone."""
+    from vllm import SamplingParams
+
+    params = [
+        SamplingParams(
+            temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.cap, seed=seed, stop_token_ids=eos
+        )
+        for seed in seeds
+    ]
+    results = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    out = []
+    for result in results:
+        completion = result.outputs[0]
+        tokens, _ = _cut(completion.token_ids, eos)  # vLLM may or may not keep the stop token
+        out.append((tokens, completion.finish_reason == "stop"))
+    return out
+
+
+@contextmanager
+def _isolated(model) -> Iterator[None]:
+    """Eval mode and private RNG: the training run's random stream and module modes come back untouched."""
+    modes = [(m, m.training) for m in model.modules()] if model is not None else []
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        if model is not None:
+            model.eval()
+        try:
+            yield
+        finally:
+            for module, training in modes:
+                module.training = training
+
+
+def _default_grade(completions, references, truncated):
+    from rewards.grader import grade_batch
+
+    return grade_batch(completions, references, truncated)
+
+
+def generate_eval(
+    model,
+    tokenizer,
+    tasks: Sequence[Mapping],
+    spec: EvalSpec,
+    set_name: str,
+    *,
+    step: int = 0,
+    llm=None,
+    grade_fn: GradeFn | None = None,
+    eos: list[int] | None = None,
+) -> list[dict]:
+    """Generate and grade `spec.samples[set_name]` samples per task; rows sorted by (task_id, sample).
+
+    With `llm` (a vLLM engine holding the same weights) generation runs there; otherwise `model.generate`.
+    `model` may be None with `llm` given, then pass `eos` (the checkpoint's EOS ids).
+    """
+    if set_name not in spec.samples:
+        raise KeyError(f"eval spec has no sample count for set {set_name!r} (has {sorted(spec.samples)})")
+    by_id = {}
+    for index, task in enumerate(tasks):
+        for key in ("id", "problem", "answer"):
+            if not isinstance(task.get(key), str):
+                raise ValueError(
+                    f"eval set {set_name!r}: task {index} ({task.get('id')!r}) lacks string {key!r}"
+                )
+        if by_id.setdefault(task["id"], task) is not task:
+            raise ValueError(f"eval set {set_name!r}: task id {task['id']!r} appears twice")
+    items = [(task_id, i) for task_id in sorted(by_id) for i in range(spec.samples[set_name])]
+    seeds = [sample_seed(spec.seed, task_id, i) for task_id, i in items]
+    encoded = {
+        task_id: tokenizer(render_prompt(tokenizer, task["problem"]), add_special_tokens=False)["input_ids"]
+        for task_id, task in by_id.items()
+    }
+    prompts = [encoded[task_id] for task_id, _ in items]
+    eos = eos if eos is not None else eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+    with _isolated(model):
+        if llm is not None:
+            generated = _generate_vllm(llm, prompts, seeds, spec, eos)
+        else:
+            if tokenizer.pad_token_id is None:
+                raise ValueError("evaluation needs a tokenizer with a pad token (left padding)")
+            generated = _generate_transformers(model, tokenizer.pad_token_id, prompts, seeds, spec, eos)
+    texts = [tokenizer.decode(tokens, skip_special_tokens=True) for tokens, _ in generated]
+    truncated = [not ended for _, ended in generated]
+    references = [by_id[task_id]["answer"] for task_id, _ in items]
+    grades = (grade_fn or _default_grade)(texts, references, truncated)
+    if len(grades) != len(items):
+        raise RuntimeError(f"grader returned {len(grades)} grades for {len(items)} completions")
+    return [
+        {
+            "step": step,
+            "set": set_name,
+            "task_id": task_id,
+            "sample": i,
+            "seed": seed,
+            "outcome": Outcome(grade.outcome).value,
+            "answer": grade.answer,
+            "reference": reference,
+            # like TRL's completion mask, the length counts the EOS that ended the completion
+            "completion_tokens": len(tokens) + ended,
+            "cap": spec.cap,
+            "completion": text,
+        }
+        for (task_id, i), seed, (tokens, ended), text, reference, grade in zip(
+            items, seeds, generated, texts, references, grades
+        )
+    ]
+
+
+def run_eval(
+    model, tokenizer, tasks_by_set: Mapping[str, Sequence[Mapping]], spec: EvalSpec, step: int, **kwargs
+) -> list[dict]:
+    """All sets, rows sorted by (set, task_id, sample); kwargs as for `generate_eval`."""
+    rows = []
+    for set_name in sorted(tasks_by_set):
+        rows += generate_eval(model, tokenizer, tasks_by_set[set_name], spec, set_name, step=step, **kwargs)
+    return rows
+
+
+# --- summaries and files --------------------------------------------------------------------------
+def summarize(rows: Sequence[Mapping]) -> dict[str, dict]:
+    """Per set: accuracy = correct / non-indeterminate (None when nothing was gradeable), n, outcome counts."""
+    summary = {}
+    rows = list(rows)
+    for set_name in sorted({row["set"] for row in rows}):
+        counts = Counter(Outcome(row["outcome"]) for row in rows if row["set"] == set_name)
+        n = sum(counts.values())
+        gradeable = n - counts[Outcome.INDETERMINATE]
+        summary[set_name] = {
+            "accuracy": counts[Outcome.CORRECT] / gradeable if gradeable else None,
+            "n": n,
+            "outcomes": {o.value: counts[o] for o in Outcome},
+        }
+    return summary
+
+
+def log_metrics(summary: Mapping[str, Mapping]) -> dict[str, float]:
+    """Flat Trainer-log keys: `eval/<set>/accuracy` and `eval/<set>/<outcome>` as a share of the set's rows."""
+    logs = {}
+    for set_name, s in summary.items():
+        if s["accuracy"] is not None:
+            logs[f"eval/{set_name}/accuracy"] = s["accuracy"]
+        logs.update({f"eval/{set_name}/{o}": c / s["n"] for o, c in s["outcomes"].items()})
+    return logs
+
+
+def eval_path(run_dir, step: int, cap_suffix: int | None = None) -> Path:
+    suffix = "" if cap_suffix is None else f"_cap{cap_suffix:04d}"
+    return Path(run_dir) / "results" / f"eval_step{step:03d}{suffix}.jsonl"
+
+
+def write_eval(
+    run_dir, step: int, rows: Sequence[Mapping], cap_suffix: int | None = None, *, overwrite: bool = False
+) -> Path:
+    """Write the rows atomically; an existing file with the same bytes is kept.
+
+    An existing file with other rows is replaced only with `overwrite` (a resumed run redoing a step) and
+    only when its cap is the same: a file from another cap is never overwritten.
+    """
+    path = eval_path(run_dir, step, cap_suffix)
+    if not rows:
+        raise ValueError(f"{path}: no rows to write")
+    for row in rows:
+        missing = [k for k in ROW_FIELDS if k not in row]
+        if missing or row["step"] != step:
+            raise ValueError(
+                f"{path}: row {row.get('set')}/{row.get('task_id')}/{row.get('sample')} "
+                f"has step {row.get('step')!r} (want {step}) or lacks {missing}"
+            )
+    caps = {row["cap"] for row in rows}
+    if len(caps) != 1 or (cap_suffix is not None and caps != {cap_suffix}):
+        raise ValueError(f"{path}: rows have caps {sorted(caps)}; one cap matching the file name is required")
+    data = "".join(
+        json.dumps({k: row[k] for k in ROW_FIELDS}, ensure_ascii=False, allow_nan=False) + "\n"
+        for row in rows
+    ).encode()
+    if path.exists():
+        old = path.read_bytes()
+        if old == data:
+            return path
+        old_cap = json.loads(old.split(b"\n", 1)[0] or b"{}").get("cap")
+        if not overwrite or old_cap != rows[0]["cap"]:
+            raise FileExistsError(f"{path} exists with different rows (cap {old_cap}); not overwriting it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# --- during training ------------------------------------------------------------------------------
+class EvalCallback(TrainerCallback):
+    """Evaluates at step 0 (not when resuming), every `eval_every` steps and at the last step.
+
+    After each evaluation: `last_step`, `last_summary` (steps.jsonl's `eval` object), `last_seconds`;
+    `log_fn` (e.g. `trainer.log`) gets the flat `log_metrics`. Only the main process generates.
+    `llm_fn`, when given, returns a vLLM engine already holding the current weights.
+    """
+
+    def __init__(
+        self,
+        run_dir,
+        tasks_by_set: Mapping[str, Sequence[Mapping]],
+        spec: EvalSpec,
+        eval_every: int,
+        tokenizer,
+        *,
+        log_fn: Callable[[dict], None] | None = None,
+        grade_fn: GradeFn | None = None,
+        llm_fn: Callable[[], object] | None = None,
+    ):
+        if eval_every < 1:
+            raise ValueError(f"eval_every must be >= 1, got {eval_every}")
+        unknown = sorted(set(tasks_by_set) - set(spec.samples))
+        if unknown:
+            raise ValueError(f"eval sets {unknown} have no sample count in the eval spec")
+        self.run_dir, self.tasks_by_set, self.spec = Path(run_dir), tasks_by_set, spec
+        self.eval_every, self.tokenizer = eval_every, tokenizer
+        self.log_fn, self.grade_fn, self.llm_fn = log_fn, grade_fn, llm_fn
+        self.last_step: int | None = None
+        self.last_summary: dict | None = None
+        self.last_seconds = 0.0
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 0:
+            self.evaluate(model, 0)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        step = state.global_step
+        if step % self.eval_every == 0 or step == state.max_steps:
+            self.evaluate(model, step)
+
+    def evaluate(self, model, step: int) -> None:
+        start = time.perf_counter()
+        dist = PartialState()
+        if dist.is_main_process:
+            llm = self.llm_fn() if self.llm_fn is not None else None
+            rows = run_eval(
+                model, self.tokenizer, self.tasks_by_set, self.spec, step, llm=llm, grade_fn=self.grade_fn
+            )
+            # a resumed run redoing this step supersedes what the interrupted run wrote
+            write_eval(self.run_dir, step, rows, overwrite=True)
+            self.last_summary = summarize(rows)
+            if self.log_fn is not None:
+                self.log_fn(log_metrics(self.last_summary))
+        dist.wait_for_everyone()
+        self.last_step = step
+        self.last_seconds = time.perf_counter() - start
+
+
+# --- after the fact -------------------------------------------------------------------------------
+def load_checkpoint(path: Path, device: str):
+    """A saved stepNNN/ (or the base model) with the architecture class named in its config.json."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file}: no such checkpoint config")
+    names = json.loads(config_file.read_text()).get("architectures") or []
+    cls = getattr(transformers, names[0], None) if names else None
+    if cls is None:
+        raise ValueError(f"{config_file}: 'architectures' {names!r} names no transformers class")
+    model = cls.from_pretrained(path, dtype="auto").to(device)
+    return model, transformers.AutoTokenizer.from_pretrained(path)
+
+
+def load_eval_tasks(run: Mapping, run_dir: Path) -> dict[str, list[dict]]:
+    """The recorded eval sets, resolved against the snapshot pinned in run.json (sha256 verified)."""
+    from data.snapshot import load_snapshot
+
+    snap = run.get("snapshot") or {}
+    if not snap.get("path"):
+        raise ValueError(f"{run_dir / 'run.json'}: missing 'snapshot.path'")
+    path = Path(snap["path"])
+    if not path.is_absolute() and not path.exists():
+        path = run_dir / path
+    tasks = {t["id"]: t for t in load_snapshot(path, snap.get("sha256"))}
+    sets = {}
+    for set_name, ids in (run.get("eval_sets") or {}).items():
+        unknown = [i for i in ids if i not in tasks]
+        if unknown:
+            raise ValueError(f"{path}: eval set {set_name!r} names task {unknown[0]!r}, not in the snapshot")
+        sets[set_name] = [tasks[i] for i in ids]
+    if not sets:
+        raise ValueError(f"{run_dir / 'run.json'}: no 'eval_sets'")
+    return sets
+
+
+def _checkpoint_dir(run: Mapping, run_dir: Path, step: int) -> Path:
+    if step == 0:  # the base model: no step000/ weights are saved
+        if not run.get("base_model"):
+            raise ValueError(f"{run_dir / 'run.json'}: step 0 needs 'base_model'")
+        return Path(run["base_model"])
+    return run_dir / f"step{step:03d}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.evaluation", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument(
+        "--steps", required=True, help="comma-separated optimizer steps, e.g. 20,29 (0: base)"
+    )
+    parser.add_argument("--cap", type=int, help="eval token cap (default: the run's)")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--batch-size", type=int, help="transformers backend; other values change the rows")
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "transformers", "vllm"),
+        default="auto",
+        help="auto: vLLM when installed and CUDA is available",
+    )
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    run_file = args.run_dir / "run.json"
+    try:
+        run = json.loads(run_file.read_text())
+        run_spec = EvalSpec.from_run(run, str(run_file))
+        overrides = {
+            "cap": args.cap,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "batch_size": args.batch_size,
+        }
+        spec = replace(run_spec, **{k: v for k, v in overrides.items() if v is not None})
+        if spec.cap == run_spec.cap and (spec.temperature, spec.top_p) != (
+            run_spec.temperature,
+            run_spec.top_p,
+        ):
+            raise ValueError(
+                "other sampling settings at the run's own cap would pass for its training-time "
+                "evaluation (eval_stepNNN.jsonl); evaluate them at another --cap"
+            )
+        steps = [int(s) for s in args.steps.split(",") if s.strip()]
+        tasks_by_set = load_eval_tasks(run, args.run_dir)
+        use_vllm = args.backend == "vllm" or (
+            args.backend == "auto"
+            and importlib.util.find_spec("vllm") is not None
+            and torch.cuda.is_available()
+        )
+        for step in steps:
+            start = time.perf_counter()
+            path = _checkpoint_dir(run, args.run_dir, step)
+            if use_vllm:
+                from vllm import LLM
+
+                llm, model = LLM(model=str(path), seed=spec.seed, dtype="auto"), None
+                tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+                eos = eos_token_ids(tokenizer, _generation_config(path))
+            else:
+                (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
+            rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos)
+            cap_suffix = spec.cap if spec.cap != run_spec.cap else None
+            out = write_eval(args.run_dir, step, rows, cap_suffix)
+            summary = ", ".join(f"{s} {v['accuracy']} (n={v['n']})" for s, v in summarize(rows).items())
+            print(f"step {step}: {summary} -> {out} [{time.perf_counter() - start:.1f}s]", flush=True)
+            del model, llm
+    except (OSError, ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _generation_config(path: Path) -> GenerationConfig | None:
+    return (
+        GenerationConfig.from_pretrained(path) if (Path(path) / "generation_config.json").exists() else None
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

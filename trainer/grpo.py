@@ -1,0 +1,254 @@
+"""`CapGRPOTrainer`: TRL's `GRPOTrainer` with graded outcomes, cap policies, gates and dynamic group selection.
+
+What TRL does unchanged: generation backends (transformers / vLLM), tokenisation, advantages (group mean and
+std over rewards, NaN-aware, so indeterminate rollouts drop out of the baseline), the clipped token-level
+loss (`loss_type="dapo"`: normalised by active tokens of the whole step) and logging.
+What we change, each at the narrowest hook:
+- which rollouts a step trains on: `_generate_and_score_completions` runs selection rounds first;
+- the reward: outcomes are graded once during selection and reused (`_calculate_rewards`);
+- which tokens carry loss: the cap policy's loss mask goes in TRL's `tool_mask` slot, which TRL applies to
+  the loss, to the token-count normaliser and to its entropy/clip metrics.
+"""
+
+import statistics
+import time
+from pathlib import Path
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from accelerate.utils import gather, gather_object
+from datasets import Dataset
+from trl import GRPOTrainer
+
+from data.prompt import prompt_messages
+from rewards.outcome import Outcome, reward_of
+from rewards.reward import OutcomeReward
+from trainer.state_shard import load_state, restore_rng_state
+from trainer.arms import POLICIES
+from trainer.checkpoint import import_optimizer, load_masters_into_model
+from trainer.config import CapGRPOConfig
+from trainer.cpu_adamw import CPUAdamW
+from trainer.selection import Group, Selection, select_groups, shows_gate_gap
+
+
+def step_tickets(args: CapGRPOConfig) -> Dataset:
+    """The Trainer's dataset: one epoch = one optimizer step. Problems come from the task sampler instead,
+    because how many a step needs is only known after grading."""
+    return Dataset.from_dict({"prompt": [prompt_messages("")] * args.groups_per_step})
+
+
+class CapGRPOTrainer(GRPOTrainer):
+    def __init__(self, model, args: CapGRPOConfig, *, tasks: dict[str, dict], sampler, grader, **kwargs):
+        self.tasks = tasks  # task id -> {"problem", "answer", ...} of the training pool
+        self.task_sampler = sampler
+        self.arm = args.resolved_arm()
+        self.policy = POLICIES[self.arm.policy_id]
+        self.outcome_reward = OutcomeReward(eos_token_ids=[], pool=grader)
+        super().__init__(
+            model=model, reward_funcs=[self.outcome_reward], args=args, train_dataset=step_tickets(args), **kwargs
+        )
+        self.outcome_reward.eos_token_ids = list(self.eos_token_ids)  # known once TRL read the tokenizer
+        self.step_record: dict[str, Any] = {}
+        self._pending_rollouts: list[tuple[list[int], Any]] | None = None
+        self._step_logps: list[torch.Tensor] = []
+
+    # --- selection ----------------------------------------------------------------------------------
+    def _sample_round(self, task_ids: list[str]) -> list[Group]:
+        """Generate G rollouts for this process's share of `task_ids`, grade them, return all groups."""
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        share = len(task_ids) // world
+        mine = task_ids[rank * share : (rank + 1) * share]
+        prompts = [prompt_messages(self.tasks[t]["problem"]) for t in mine for _ in range(G)]
+        t0 = time.perf_counter()
+        prompt_ids, _, _ = self._tokenize_prompts(prompts)
+        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, None, {}, G)
+        t1 = time.perf_counter()
+        texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
+        answers = [self.tasks[t]["answer"] for t in mine for _ in range(G)]
+        self.outcome_reward(prompts, texts, completion_ids, answer=answers)
+        grades = self.outcome_reward.last_grades
+        t2 = time.perf_counter()
+        seconds = self.step_record["seconds"]
+        seconds["generate"] += t1 - t0
+        seconds["grade"] += t2 - t1
+        rows = [
+            (ids, None if logprobs is None else logprobs[i], g.outcome.value, g.answer)
+            for i, (ids, g) in enumerate(zip(completion_ids, grades, strict=True))
+        ]
+        rows = [r for part in gather_object([rows]) for r in part]  # global, in task order
+        return [
+            Group(t, [Outcome(r[2]) for r in rows[i * G : (i + 1) * G]], rows[i * G : (i + 1) * G])
+            for i, t in enumerate(task_ids)
+        ]
+
+    def _select(self) -> tuple[list[Group], list[bool], Selection]:
+        """Exactly groups_per_step groups: the qualifying ones, padded with loss-free copies if the bound hit."""
+        args = self.args
+        selection = select_groups(
+            self._sample_round,
+            self.task_sampler.take,
+            self.policy,
+            groups_per_step=args.groups_per_step,
+            problems_per_round=args.problems_per_round,
+            max_sampling_rounds=args.max_sampling_rounds,
+        )
+        groups, trained = list(selection.groups), [True] * len(selection.groups)
+        # Batch shapes stay fixed (and equal on every process); padding groups carry no loss at all.
+        fillers = [g for g in selection.sampled if g not in selection.groups] or selection.sampled
+        for i in range(selection.shortfall):
+            groups.append(fillers[i % len(fillers)])
+            trained.append(False)
+        return groups, trained, selection
+
+    def _generate_and_score_completions(self, inputs):
+        if not self.model.training:
+            return super()._generate_and_score_completions(inputs)
+        self.step_record = {"seconds": Counter(generate=0.0, grade=0.0, train=0.0, eval=0.0, save=0.0)}
+        groups, trained, selection = self._select()
+        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        share = len(groups) // world
+        local = [(g, ok) for g, ok in zip(groups, trained, strict=True)][rank * share : (rank + 1) * share]
+        batch, self._pending_rollouts = [], []
+        for group, ok in local:
+            task = self.tasks[group.task_id]
+            for ids, logps, outcome, _ in group.rollouts:
+                outcome = Outcome(outcome)
+                active = ok and self.policy.carries_loss(outcome)
+                batch.append({"prompt": prompt_messages(task["problem"]), "answer": task["answer"],
+                              "task_id": group.task_id, "outcome": outcome, "active": active})
+                self._pending_rollouts.append((ids, logps))
+        output = super()._generate_and_score_completions(batch)
+        output = self._apply_cap_policy(output, batch)
+        self._record_selection(selection, groups, trained, output)
+        self._t_trained_from = time.perf_counter()
+        return output
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
+        # During training the rollouts were generated (and graded) by selection rounds; hand them to TRL.
+        if self._pending_rollouts is None:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+        rollouts, self._pending_rollouts = self._pending_rollouts, None
+        assert len(rollouts) == len(prompt_ids), "selected rollouts and prompts out of step"
+        logprobs = None if rollouts[0][1] is None else [lp for _, lp in rollouts]
+        return [ids for ids, _ in rollouts], logprobs
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # Outcomes were graded once during selection; grading again would double the grader's cost.
+        if "outcome" not in inputs[0]:
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        rewards = torch.tensor([[reward_of(x["outcome"])] for x in inputs], device=self.accelerator.device)
+        return gather(rewards)
+
+    def _apply_cap_policy(self, output: dict, batch: list[dict]) -> dict:
+        """Rows that carry no loss (policy-masked, indeterminate, padding) leave the loss and its normaliser."""
+        active = torch.tensor([x["active"] for x in batch], device=self.accelerator.device)
+        mask = active[:, None].expand_as(output["completion_mask"]).to(output["completion_mask"].dtype)
+        if "tool_mask" in output:
+            mask = mask * output["tool_mask"]
+        output["tool_mask"] = mask.contiguous()
+        output["num_items_in_batch"] = gather((output["completion_mask"] * mask).sum()).sum()
+        return output
+
+    def _record_selection(self, selection: Selection, groups, trained, output) -> None:
+        sampled = [o for g in selection.sampled for o in g.outcomes]
+        lengths = [len(r[0]) for g in selection.sampled for r in g.rollouts]
+        trained_outcomes = [o for g, ok in zip(groups, trained, strict=True) if ok for o in g.outcomes]
+        graded = [reward_of(o) for o in sampled if o is not Outcome.INDETERMINATE]
+        self.step_record.update(
+            groups={
+                "sampled": len(selection.sampled),
+                "qualified": selection.qualified,
+                "trained": sum(trained),
+                "rounds": selection.rounds,
+                "bound_hit": selection.shortfall > 0,
+                "rejected": dict(sorted(selection.rejected.items())),
+            },
+            gate_stat=sum(shows_gate_gap(g.outcomes) for g in selection.sampled) / max(len(selection.sampled), 1),
+            outcomes_sampled=outcome_counts(sampled),
+            outcomes_trained=outcome_counts(trained_outcomes),
+            reward_mean=sum(graded) / len(graded) if graded else None,
+            completion_length={
+                "median": statistics.median(lengths),
+                "mean": sum(lengths) / len(lengths),
+                "max": max(lengths),
+            },
+            tokens_trained=int(output["num_items_in_batch"].item()),
+            sampler=self.task_sampler.state_dict(),
+        )
+        scalars = {
+            "groups/sampled": len(selection.sampled),
+            "groups/qualified": selection.qualified,
+            "groups/trained": sum(trained),
+            "groups/rounds": selection.rounds,
+            "gate_stat": self.step_record["gate_stat"],
+            **{f"outcomes/{k}": v / max(len(sampled), 1) for k, v in self.step_record["outcomes_sampled"].items()},
+        }
+        for k, v in scalars.items():
+            self._metrics["train"][f"capgrpo/{k}"].append(float(v))
+
+    # --- metrics of the policy on its own samples ---------------------------------------------------
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        # Keep the loss pass's log-probs so the step can report their median over active tokens.
+        logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        self._last_logps = logps
+        return logps, entropies, aux
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+        self._step_logps.append(self._last_logps.detach()[mask].float().cpu())
+        return loss
+
+    def pop_logprob_median(self) -> float | None:
+        """Median log-prob of the sampled tokens under the current policy, over the step's active tokens."""
+        local = torch.cat(self._step_logps) if self._step_logps else torch.empty(0)
+        self._step_logps = []
+        everything = torch.cat(gather_object([local]))
+        return everything.median().item() if everything.numel() else None
+
+
+    # --- optimizer: CPU-offloaded AdamW for single-process GPU runs (SPEC §6) -----------------------------
+    def create_optimizer(self, model=None):
+        use = self.args.cpu_adamw
+        if use is None:
+            use = torch.cuda.is_available() and self.accelerator.num_processes == 1
+        if not use:
+            return super().create_optimizer(model)
+        model = model or self.model
+        decay = set(self.get_decay_parameter_names(model))
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.optimizer = CPUAdamW(
+            [
+                {"params": [(n, p) for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
+                {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
+            ],
+            lr=self.args.learning_rate,
+            betas=(self.args.adam_beta1, self.args.adam_beta2),
+            eps=self.args.adam_epsilon,
+        )
+        return self.optimizer
+
+    # --- exact resume from stateNNN/ (the Trainer's own format pickles the optimizer) -------------------
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        self._resume = load_state(Path(resume_from_checkpoint))
+        load_masters_into_model(self.accelerator.unwrap_model(model or self.model), self._resume[0])
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return super()._load_optimizer_and_scheduler(checkpoint)
+        tensors, meta = self._resume
+        import_optimizer(self, tensors, meta["optimizer"])
+        self.lr_scheduler.load_state_dict(meta["scheduler"])
+        self.task_sampler.load_state_dict(meta["task_sampler"])
+
+    def _load_rng_state(self, checkpoint):
+        # Called right before the next step's dataloader iterator is built, exactly where the state was taken.
+        if checkpoint is not None:
+            restore_rng_state(self._resume[1]["rng"])
+
+
+def outcome_counts(outcomes: Sequence[Outcome]) -> dict[str, int]:
+    c = Counter(outcomes)
+    return {o.value: c.get(o, 0) for o in Outcome}

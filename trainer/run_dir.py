@@ -1,0 +1,103 @@
+"""The run directory's own files (docs/CONTRACTS.md): `run.json` and `results/steps.jsonl`."""
+
+import json
+import os
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from rewards.outcome import GRADER_VERSION
+
+VERSIONED = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "capgrpo")
+
+
+def versions() -> dict[str, str]:
+    found = {}
+    for name in VERSIONED:
+        try:
+            found[name] = version(name)
+        except Exception:  # an optional package that is not installed
+            continue
+    return found
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+def write_run_json(run_dir: Path, args, *, base_model: str, architecture: str, snapshot: dict, eval_sets, eval_spec) -> dict:
+    arm = args.resolved_arm()
+    info = {
+        "arm": arm.name,
+        "policy_id": arm.policy_id,
+        "gate": arm.policy.gate,
+        "groups_per_step": args.groups_per_step,
+        "num_generations": args.num_generations,
+        "grader_version": GRADER_VERSION,
+        "snapshot": snapshot,
+        "base_model": base_model,
+        "architecture": architecture,
+        "eval_sets": eval_sets.to_json(),
+        "eval": eval_spec,
+        "config": json.loads(args.to_json_string()),
+        "versions": versions(),
+    }
+    old = run_dir / "run.json"
+    if old.exists():  # a resumed run keeps what earlier segments learned (best step)
+        info = {**json.loads(old.read_text()), **info}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(old, info)
+    return info
+
+
+def update_run_json(run_dir: Path, **fields) -> None:
+    path = run_dir / "run.json"
+    write_json_atomic(path, {**json.loads(path.read_text()), **fields})
+
+
+class StepsLog(TrainerCallback):
+    """Appends one row per optimizer step to results/steps.jsonl as the step's log is emitted.
+
+    Rows are flushed and fsynced one by one, so a crash loses at most the step in flight.
+    """
+
+    def __init__(self, trainer, run_dir: Path, eval_callback=None):
+        self.trainer = trainer
+        self.path = Path(run_dir) / "results" / "steps.jsonl"
+        self.eval_callback = eval_callback
+
+    def on_step_end(self, args, state, control, **kwargs):
+        t0 = getattr(self.trainer, "_t_trained_from", None)
+        if t0 is not None:
+            self.trainer.step_record["seconds"]["train"] = time.perf_counter() - t0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or "loss" not in logs:
+            return  # the end-of-training summary, not a step
+        trainer, arm = self.trainer, self.trainer.arm
+        row = {
+            "step": state.global_step,
+            "arm": arm.name,
+            "policy_id": arm.policy_id,
+            "gate": arm.policy.gate,
+            "loss": logs["loss"],
+            "learning_rate": logs.get("learning_rate"),
+            "grad_norm": logs.get("grad_norm"),
+            **trainer.step_record,
+            "logprob_median": trainer.pop_logprob_median(),
+            "entropy_mean": logs.get("entropy"),
+        }
+        row["seconds"] = {k: round(v, 4) for k, v in row["seconds"].items()}
+        ev = self.eval_callback
+        if ev is not None and getattr(ev, "last_step", None) == state.global_step:
+            row["eval"] = ev.last_summary
+        if state.is_world_process_zero:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+                f.flush()
+                os.fsync(f.fileno())

@@ -1,0 +1,298 @@
+"""The `stateNNN/` exact-resume format (SPEC §6): safetensors shards, descriptor.json, meta.json.
+
+```
+stateNNN/shard-00000-of-00003.safetensors ...   ~shard_bytes each; tensors packed in sorted-name order
+stateNNN/descriptor.json   {"format", "total_bytes", "shards": [{"file", "bytes", "sha256", "tensors"}],
+                            "tensors": {name: {"dtype", "shape", "parts": [key, ...]}}}
+stateNNN/meta.json         the caller's meta + "descriptor_sha256" (sha256 of descriptor.json's bytes)
+```
+A tensor that does not fit the current shard is split: its flat pieces are stored 1-D under the keys
+"<name>@<first element>" in consecutive shards (so shards stay ~256 MB even for a 2.5 GB embedding);
+a tensor held whole is stored under its own name and shape. No pickle: safetensors and JSON only.
+
+Writes are atomic: everything goes to `.stateNNN.tmp-<pid>/` beside the target, is fsynced, then
+renamed into place and the parent fsynced. `load_state` verifies every byte against descriptor.json
+(and descriptor.json against meta.json) before loading anything, and names the file it refuses.
+"""
+
+import base64
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import safetensors.torch
+import torch
+
+FORMAT = "capgrpo.state/1"
+SHARD_BYTES = 256 * 2**20
+_STATE_DIR = re.compile(r"state(\d{3,})")
+_WORKERS = min(8, os.cpu_count() or 1)  # sha256 and file I/O release the GIL
+
+
+class StateError(Exception):
+    """A state directory that must not be loaded; the message names the file."""
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    dir: Path
+    shards: list[dict]  # {"file", "bytes", "sha256", "tensors": [keys]}
+    tensors: dict[str, dict]  # name -> {"dtype", "shape", "parts": [keys]}
+    total_bytes: int
+
+
+# --- save -----------------------------------------------------------------------------------------
+def save_state(dir: Path, *, tensors: dict[str, torch.Tensor], meta: dict, shard_bytes: int = SHARD_BYTES) -> Path:
+    """Write `dir` atomically; an existing `dir` is replaced only once the new one is complete."""
+    target = Path(dir)
+    if "descriptor_sha256" in meta:
+        raise ValueError("meta must not contain 'descriptor_sha256' (save_state writes it)")
+    meta_text = json.dumps(meta, sort_keys=True, indent=1, allow_nan=False)  # fail before writing anything
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(target.parent)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+
+    shards, index = _pack(tensors, shard_bytes)
+    names = [f"shard-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+
+    def write_shard(i: int) -> dict:
+        data = safetensors.torch.save(shards[i])
+        _write(tmp / names[i], data)
+        return {"file": names[i], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+                "tensors": list(shards[i])}  # fmt: skip
+
+    with ThreadPoolExecutor(min(_WORKERS, 4)) as pool:  # each worker holds one shard's bytes
+        entries = list(pool.map(write_shard, range(len(shards))))
+    descriptor = {"format": FORMAT, "total_bytes": sum(e["bytes"] for e in entries), "shards": entries,
+                  "tensors": index}  # fmt: skip
+    descriptor_bytes = json.dumps(descriptor, indent=1).encode()
+    _write(tmp / "descriptor.json", descriptor_bytes)
+    full_meta = json.loads(meta_text) | {"descriptor_sha256": hashlib.sha256(descriptor_bytes).hexdigest()}
+    _write(tmp / "meta.json", json.dumps(full_meta, sort_keys=True, indent=1).encode())
+    _fsync_dir(tmp)
+
+    if target.exists():
+        old = target.parent / f".{target.name}.old-{os.getpid()}"
+        os.replace(target, old)
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+        shutil.rmtree(old)
+    else:
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    return target
+
+
+def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict], dict]:
+    """Greedy packing in sorted-name order, splitting a tensor across shards where it does not fit."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    room = shard_bytes
+    index = {}
+    for name in sorted(tensors):
+        if "@" in name:
+            raise ValueError(f"tensor name {name!r} contains '@' (reserved for split tensors)")
+        t = tensors[name].detach().cpu().contiguous()
+        index[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "parts": []}
+        if t.nbytes <= room or (t.nbytes > shard_bytes and not shards[-1]) or t.numel() == 0:
+            if t.nbytes > room:  # larger than a whole shard and the shard is empty: split below instead
+                pass
+            else:
+                shards[-1][name] = t
+                index[name]["parts"].append(name)
+                room -= t.nbytes
+                continue
+        flat, start = t.view(-1), 0
+        while start < flat.numel():
+            if room < t.element_size():
+                shards.append({})
+                room = shard_bytes
+            n = min(flat.numel() - start, room // t.element_size())
+            key = f"{name}@{start}"
+            shards[-1][key] = flat[start : start + n]
+            index[name]["parts"].append(key)
+            room -= n * t.element_size()
+            start += n
+    return [s for s in shards if s] or [{}], index
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _clean_stale(parent: Path) -> None:
+    """Remove temp dirs of dead saves; `.X.old-*` only once X itself is back in place."""
+    for d in parent.glob(".*.*-*"):
+        m = re.fullmatch(r"\.(.+)\.(tmp|old)-(\d+)", d.name)
+        if not m or not d.is_dir() or (int(m[3]) != os.getpid() and _alive(int(m[3]))):
+            continue
+        if m[2] == "tmp" or (parent / m[1]).is_dir():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- verify and load ------------------------------------------------------------------------------
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise StateError(f"{path}: missing")
+    try:
+        obj = json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise StateError(f"{path}: malformed JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise StateError(f"{path}: malformed (expected a JSON object)")
+    return obj
+
+
+def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
+    meta = _read_json(dir / "meta.json")
+    desc_path = dir / "descriptor.json"
+    desc = _read_json(desc_path)
+    if hashlib.sha256(desc_path.read_bytes()).hexdigest() != meta.get("descriptor_sha256"):
+        raise StateError(f"{desc_path}: sha256 does not match descriptor_sha256 in {dir / 'meta.json'} (tampered)")
+    shards, tensors = desc.get("shards"), desc.get("tensors")
+    if desc.get("format") != FORMAT or not isinstance(shards, list) or not isinstance(tensors, dict):
+        raise StateError(f"{desc_path}: malformed (format {desc.get('format')!r}, expected {FORMAT!r})")
+    owner: dict[str, str] = {}
+    for i, s in enumerate(shards):
+        expected = f"shard-{i:05d}-of-{len(shards):05d}.safetensors"
+        if not isinstance(s, dict) or s.get("file") != expected:
+            raise StateError(f"{desc_path}: unexpected shard listed at position {i}: {s!r} (expected {expected})")
+        for key in s.get("tensors", []):
+            if key in owner:
+                raise StateError(f"{desc_path}: tensor {key!r} listed in {owner[key]} and {expected}")
+            owner[key] = expected
+    for name, t in tensors.items():
+        for key in t.get("parts", []):
+            if key not in owner:
+                raise StateError(f"{desc_path}: tensor {name!r} part {key!r} is in no shard")
+    listed = {s["file"] for s in shards}
+    for f in sorted(dir.glob("shard-*.safetensors")):
+        if f.name not in listed:
+            raise StateError(f"{f}: shard file not listed in {desc_path}")
+    for s in shards:
+        path = dir / s["file"]
+        if not path.is_file():
+            raise StateError(f"{path}: missing shard")
+        if path.stat().st_size != s.get("bytes"):
+            raise StateError(f"{path}: size {path.stat().st_size} bytes, descriptor.json says {s.get('bytes')}")
+    if hash_shards:
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            digests = list(pool.map(_sha256_file, [dir / s["file"] for s in shards]))
+        for s, digest in zip(shards, digests):
+            if digest != s.get("sha256"):
+                raise StateError(f"{dir / s['file']}: sha256 mismatch (corrupted shard)")
+    return Descriptor(dir, shards, tensors, int(desc.get("total_bytes", 0)))
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 * 2**20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_state(dir: Path) -> Descriptor:
+    """Check meta.json, descriptor.json and every shard's size and sha256; raise StateError naming the file."""
+    return _descriptor(Path(dir), hash_shards=True)
+
+
+def load_state(dir: Path, *, expect: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
+    """Verify everything, then load. `expect` (e.g. {"arm": "S2", "policy_id": ...}) must match meta.json."""
+    dir = Path(dir)
+    meta = _read_json(dir / "meta.json")
+    for field, value in (expect or {}).items():
+        if meta.get(field) != value:
+            raise StateError(f"{dir / 'meta.json'}: field {field!r} is {meta.get(field)!r}, expected {value!r}")
+    desc = verify_state(dir)
+    pieces: dict[str, torch.Tensor] = {}
+    for s in desc.shards:
+        loaded = safetensors.torch.load_file(dir / s["file"])
+        if sorted(loaded) != sorted(s["tensors"]):
+            raise StateError(f"{dir / s['file']}: holds tensors {sorted(loaded)}, descriptor.json lists {s['tensors']}")
+        pieces |= loaded
+    tensors = {}
+    for name, t in desc.tensors.items():
+        parts = [pieces.pop(k) for k in t["parts"]]
+        whole = parts[0] if len(parts) == 1 and t["parts"] == [name] else torch.cat([p.view(-1) for p in parts])
+        if whole.numel() != math.prod(t["shape"]) or str(whole.dtype).removeprefix("torch.") != t["dtype"]:
+            raise StateError(f"{dir / 'descriptor.json'}: tensor {name!r} does not match its dtype/shape")
+        tensors[name] = whole.view(t["shape"])
+    return tensors, meta
+
+
+def latest_state(run_dir: Path) -> Path | None:
+    """Highest `stateNNN/` passing a structural check (JSON, descriptor hash, shard sizes); None if none."""
+    found = sorted((int(m[1]), d) for d in Path(run_dir).glob("state*") if (m := _STATE_DIR.fullmatch(d.name)))
+    for _, d in reversed(found):
+        try:
+            _descriptor(d, hash_shards=False)
+        except StateError:
+            continue
+        return d
+    return None
+
+
+# --- RNG states as JSON ---------------------------------------------------------------------------
+def capture_rng_state() -> dict:
+    """python `random`, numpy's global RandomState, torch CPU and every CUDA device, JSON-safe."""
+    version, internal, gauss = random.getstate()
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                  "cached_gaussian": float(cached)},  # fmt: skip
+        "torch": _b64(torch.get_rng_state()),
+        "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+    }
+
+
+def restore_rng_state(d: dict) -> None:
+    cuda = d["cuda"]
+    if cuda and len(cuda) != (torch.cuda.device_count() if torch.cuda.is_available() else 0):
+        raise ValueError(f"RNG state has {len(cuda)} CUDA devices, this process sees {torch.cuda.device_count()}")
+    py, npy = d["python"], d["numpy"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    np.random.set_state((npy["kind"], np.array(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],
+                         npy["cached_gaussian"]))  # fmt: skip
+    torch.set_rng_state(_unb64(d["torch"]))
+    if cuda:
+        torch.cuda.set_rng_state_all([_unb64(s) for s in cuda])
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)

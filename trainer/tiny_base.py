@@ -1,0 +1,429 @@
+"""The embedded default base model: a tiny Qwen3_5ForConditionalGeneration warm-started on synthetic math.
+
+It has the real architecture (hybrid gated-delta-net / full-attention text model plus a vision tower,
+tiny but present so the real load/save path is exercised), a small byte-level BPE tokenizer trained
+on synthetic task text with Qwen's chat tokens, and a short TRL SFT warm start on worked solutions of
+problems that are not in the embedded snapshot. Everything runs on CPU in minutes and is
+deterministic for a seed.
+
+    python -m trainer.tiny_base --out artifacts/base --seed 0
+
+writes the embedded task snapshot (printing its sha256), builds and warm-starts the model, saves it
+to --out, and reports pass@1, the outcome mix and the gate-qualifying share of 8-sample groups on the
+held-out set at the embedded cap (`base_report.json`).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+)
+
+from data.prompt import SYSTEM_PROMPT, prompt_messages  # noqa: E402
+from data.synthetic import generate_tasks  # noqa: E402
+
+# --- embedded defaults (the trainer recipe reads these) ------------------------------------------
+EMBEDDED_CAP = 128  # completion tokens; about a third of level-5 worked solutions do not fit
+EMBEDDED_SNAPSHOT_SEED = 0
+EMBEDDED_SNAPSHOT_SIZE = 600
+EMBEDDED_HELDOUT_SIZE = 64
+EMBEDDED_FIXED_SIZE = 16
+EMBEDDED_EVAL_SETS_SEED = 0
+EMBEDDED_SNAPSHOT = Path("artifacts/synthetic.tasks.json")
+EMBEDDED_BASE = Path("artifacts/base")
+
+MANIFEST = "tiny_base.json"  # written last: its presence means the directory is complete
+REPORT = "base_report.json"
+ARCHITECTURE = "Qwen3_5ForConditionalGeneration"
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",  # pad
+    "<|im_start|>",
+    "<|im_end|>",  # EOS: ends every assistant turn
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
+
+# Qwen's turn format without the thinking/tool branches the synthetic tasks never use.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines the built weights; its hash is recorded in the manifest."""
+
+    seed: int = 0
+    vocab_size: int = 512
+    tokenizer_corpus_size: int = 3000
+    tokenizer_corpus_seed: int = 1001
+    hidden_size: int = 96
+    intermediate_size: int = 256
+    layer_types: tuple[str, ...] = (
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+        "full_attention",
+    )
+    sft_pool_seed: int = 2002
+    sft_pool_size: int = 4000
+    sft_steps: int = 300
+    sft_batch_size: int = 16
+    sft_learning_rate: float = 3e-3
+    unboxed_every: int = 8  # every 8th warm-start solution ends without \\boxed{} (see sft_pool)
+    snapshot_seed: int = EMBEDDED_SNAPSHOT_SEED
+    snapshot_size: int = EMBEDDED_SNAPSHOT_SIZE
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --- tokenizer -----------------------------------------------------------------------------------
+def build_tokenizer(cfg: BuildConfig) -> PreTrainedTokenizerFast:
+    """Byte-level BPE trained on synthetic task text: any text round-trips, synthetic text is short."""
+    corpus = [SYSTEM_PROMPT]
+    for t in generate_tasks(cfg.tokenizer_corpus_size, cfg.tokenizer_corpus_seed):
+        corpus += [t["problem"], t["solution"]]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=4096,
+        padding_side="left",  # generation pads on the left
+    )
+
+
+# --- model ---------------------------------------------------------------------------------------
+def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5ForConditionalGeneration:
+    """A randomly initialised tiny model of the real architecture (seeded)."""
+    ids = tokenizer.convert_tokens_to_ids
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": len(cfg.layer_types),
+        "layer_types": list(cfg.layer_types),
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 2048,
+        # rotary on a quarter of head_dim (8 dims = 4 frequencies), split over the t/h/w grids like Qwen3.5
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": False,
+    }
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 4,
+        "out_hidden_size": cfg.hidden_size,
+        "num_position_embeddings": 16,
+    }
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(cfg.seed)
+    model = Qwen3_5ForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+    return model
+
+
+# --- SFT warm start ------------------------------------------------------------------------------
+def sft_pool(cfg: BuildConfig, exclude_problems: set[str]) -> list[dict]:
+    """Worked solutions for the warm start: a separate seed, never a problem of the embedded snapshot.
+
+    A share of the solutions ends in a bare "The answer is X." instead of a \\boxed{}, so that the warm
+    base, like a real base model, sometimes misses the format and GRPO has format failures to fix.
+    """
+    tasks = [
+        t
+        for t in generate_tasks(cfg.sft_pool_size, cfg.sft_pool_seed)
+        if t["problem"] not in exclude_problems
+    ]
+    for i, t in enumerate(tasks):
+        if i % cfg.unboxed_every == 0:
+            t["solution"] = t["solution"].replace(f"$\\boxed{{{t['answer']}}}$", t["answer"])
+    return tasks
+
+
+def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: Path) -> dict:
+    """TRL SFT on prompt/completion conversations; the loss is on the completion (solution) tokens only."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    data = Dataset.from_list(
+        [
+            {
+                "prompt": prompt_messages(t["problem"]),
+                "completion": [{"role": "assistant", "content": t["solution"]}],
+            }
+            for t in tasks
+        ]
+    )
+    args = SFTConfig(
+        output_dir=str(work_dir),
+        max_steps=cfg.sft_steps,
+        per_device_train_batch_size=cfg.sft_batch_size,
+        learning_rate=cfg.sft_learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, cfg.sft_steps // 20),
+        weight_decay=0.0,
+        max_length=None,
+        completion_only_loss=True,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        use_cpu=True,
+        bf16=False,
+        save_strategy="no",
+        report_to="none",
+        logging_steps=max(1, cfg.sft_steps // 10),
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    result = trainer.train()
+    losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
+    return {"steps": result.global_step, "train_loss": result.training_loss, "loss_curve": losses}
+
+
+# --- evaluation at the embedded cap --------------------------------------------------------------
+def sample_completions(model, tokenizer, problems: list[str], *, cap: int, samples: int, seed: int):
+    """`samples` completions per problem at temperature 1; returns (texts, token counts, truncated flags)."""
+    prompts = [
+        tokenizer.apply_chat_template(prompt_messages(p), tokenize=False, add_generation_prompt=True)
+        for p in problems
+    ]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(seed)
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(
+            **enc,
+            max_new_tokens=cap,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            num_return_sequences=samples,
+        )
+    texts, lengths, truncated = [], [], []
+    for row in out[:, enc["input_ids"].shape[1] :].tolist():
+        ended = tokenizer.eos_token_id in row
+        row = row[: row.index(tokenizer.eos_token_id)] if ended else row
+        texts.append(tokenizer.decode(row, skip_special_tokens=True))
+        lengths.append(len(row) + int(ended))
+        truncated.append(not ended)
+    return texts, lengths, truncated
+
+
+def evaluate_base(model, tokenizer, tasks: list[dict], *, cap: int, samples: int = 8, seed: int = 0) -> dict:
+    """pass@1, outcome mix and gate-qualifying share of `samples`-sample groups (SPEC §2-3)."""
+    from rewards.grader import GraderPool
+    from rewards.outcome import GRADER_VERSION, Outcome
+    from trainer.arms import gate_v1, gate_v2
+
+    t0 = time.perf_counter()
+    texts, lengths, truncated = sample_completions(
+        model, tokenizer, [t["problem"] for t in tasks], cap=cap, samples=samples, seed=seed
+    )
+    t1 = time.perf_counter()
+    references = [t["answer"] for t in tasks for _ in range(samples)]
+    with GraderPool() as pool:
+        grades = pool.grade_batch(texts, references, truncated)
+    outcomes = [Outcome(g.outcome) for g in grades]
+    groups = [outcomes[i * samples : (i + 1) * samples] for i in range(len(tasks))]
+    counts = {o.value: outcomes.count(o) for o in Outcome}
+    graded = len(outcomes) - counts["indeterminate"]
+    by_level: dict[int, list[Outcome]] = {}
+    for t, group in zip(tasks, groups):
+        by_level.setdefault(t["level"], []).extend(group)
+    share = lambda xs, pred: sum(map(pred, xs)) / max(1, len(xs))  # noqa: E731
+    return {
+        "cap": cap,
+        "samples": samples,
+        "seed": seed,
+        "problems": len(tasks),
+        "grader_version": GRADER_VERSION,
+        "pass@1": counts["correct"] / max(1, graded),
+        "outcomes": counts,
+        "pass@1_by_level": {
+            str(lv): share([o for o in os_ if o is not Outcome.INDETERMINATE], lambda o: o is Outcome.CORRECT)
+            for lv, os_ in sorted(by_level.items())
+        },
+        "gate_v1_share": share(groups, gate_v1),
+        "gate_v2_share": share(groups, gate_v2),
+        "completion_tokens": {"median": sorted(lengths)[len(lengths) // 2], "max": max(lengths)},
+        "seconds": {"generate": round(t1 - t0, 1), "grade": round(time.perf_counter() - t1, 1)},
+    }
+
+
+# --- the whole build -----------------------------------------------------------------------------
+def embedded_tasks() -> list[dict]:
+    return generate_tasks(EMBEDDED_SNAPSHOT_SIZE, EMBEDDED_SNAPSHOT_SEED)
+
+
+def embedded_eval_sets(tasks: list[dict]):
+    from data.eval_sets import choose_eval_sets
+
+    return choose_eval_sets(
+        [t["id"] for t in tasks],
+        seed=EMBEDDED_EVAL_SETS_SEED,
+        heldout_size=EMBEDDED_HELDOUT_SIZE,
+        fixed_size=EMBEDDED_FIXED_SIZE,
+    )
+
+
+def is_complete(out: str | os.PathLike, cfg: BuildConfig) -> bool:
+    """Whether `out` holds a finished build of exactly this config (the manifest is written last)."""
+    path = Path(out) / MANIFEST
+    if not path.is_file():
+        return False
+    manifest = json.loads(path.read_text())
+    return manifest.get("config_hash") == cfg.digest() and manifest.get("seed") == cfg.seed
+
+
+def build_base(
+    out: str | os.PathLike,
+    cfg: BuildConfig,
+    *,
+    snapshot: str | os.PathLike | None = None,
+    eval_problems: int = 0,
+) -> dict:
+    """Build, warm-start and save the tiny base to `out`; optionally report on held-out problems."""
+    from data.snapshot import write_snapshot
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    tasks = embedded_tasks()
+    manifest = {
+        "seed": cfg.seed,
+        "config_hash": cfg.digest(),
+        "config": asdict(cfg),
+        "architecture": ARCHITECTURE,
+    }
+    if snapshot is not None:
+        manifest["snapshot"] = {"path": str(snapshot), "sha256": write_snapshot(tasks, snapshot)}
+
+    t0 = time.perf_counter()
+    tokenizer = build_tokenizer(cfg)
+    model = build_model(cfg, tokenizer)
+    pool = sft_pool(cfg, exclude_problems={t["problem"] for t in tasks})
+    manifest["sft"] = warm_start(model, tokenizer, pool, cfg, out / "sft_work")
+    manifest["sft"].update(pool_size=len(pool), seconds=round(time.perf_counter() - t0, 1))
+    for leftover in (out / "sft_work").glob("*"):  # the Trainer's scratch dir; nothing of it is needed
+        leftover.unlink()
+    (out / "sft_work").rmdir()
+
+    model.save_pretrained(out)  # float32: see docs/embedded_default.md
+    tokenizer.save_pretrained(out)
+    if eval_problems:
+        by_id = {t["id"]: t for t in tasks}
+        heldout = [by_id[i] for i in embedded_eval_sets(tasks).heldout[:eval_problems]]
+        report = evaluate_base(model, tokenizer, heldout, cap=EMBEDDED_CAP, samples=8, seed=cfg.seed)
+        (out / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+        manifest["report"] = REPORT
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def _print_report(report: dict) -> None:
+    n = sum(report["outcomes"].values())
+    print(f"held-out {report['problems']} problems x {report['samples']} samples, cap {report['cap']} tokens")
+    print(f"  pass@1             {report['pass@1']:.3f}")
+    for name, count in report["outcomes"].items():
+        print(f"  {name:<18} {count:>4}  ({count / max(1, n):.1%})")
+    print(f"  gate v1 groups     {report['gate_v1_share']:.1%}")
+    print(f"  gate v2 groups     {report['gate_v2_share']:.1%}")
+    print("  pass@1 by level    " + "  ".join(f"L{k} {v:.2f}" for k, v in report["pass@1_by_level"].items()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(
+        description="Build the embedded tiny base model (see docs/embedded_default.md)"
+    )
+    ap.add_argument("--out", default=str(EMBEDDED_BASE))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--snapshot", default=str(EMBEDDED_SNAPSHOT), help="where to write the embedded task snapshot"
+    )
+    ap.add_argument("--sft-steps", type=int, default=BuildConfig.sft_steps)
+    ap.add_argument("--eval-problems", type=int, default=EMBEDDED_HELDOUT_SIZE, help="0 skips the report")
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    manifest = build_base(
+        args.out,
+        BuildConfig(seed=args.seed, sft_steps=args.sft_steps),
+        snapshot=args.snapshot,
+        eval_problems=args.eval_problems,
+    )
+    print(f"snapshot {manifest['snapshot']['path']} sha256 {manifest['snapshot']['sha256']}")
+    print(
+        f"base model {args.out}: SFT {manifest['sft']['steps']} steps, loss {manifest['sft']['train_loss']:.3f}"
+    )
+    if args.eval_problems:
+        _print_report(json.loads((Path(args.out) / REPORT).read_text()))
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

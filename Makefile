@@ -36,3 +36,15 @@ base: $(BASE)/tiny_base.json  ## the embedded default: synthetic snapshot + tiny
 
 train: $(if $(findstring configs/embedded/,$(RECIPE)),base)  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20"]
 	$(PY) -m trainer.train --config $(RECIPE) $(if $(RESUME),--resume $(RESUME)) $(ARGS)
+
+eval:  ## make eval RUN=runs/S2 STEPS=20,29 [CAP=24576]: evaluate saved checkpoints after the fact
+	$(PY) -m trainer.evaluation $(RUN) --steps $(STEPS) $(if $(CAP),--cap $(CAP))
+
+compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
+	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/S2 B=runs/S0 [A_STEP=N B_STEP=N] [OUT=dir]" >&2; exit 2; }
+	$(PY) -m analysis.compare $(A) $(B) $(if $(A_STEP),--a-step $(A_STEP)) $(if $(B_STEP),--b-step $(B_STEP)) $(if $(OUT),--out $(OUT))
+
+experiment:  ## embedded default: train S0 and S2 on the same seeds, then compare S2 (A) against S0 (B)
+	$(MAKE) train ARM=S0
+	$(MAKE) train ARM=S2
+	$(MAKE) compare A=runs/S2 B=runs/S0

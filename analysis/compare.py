@@ -26,7 +26,7 @@ from pathlib import Path
 from statistics import median
 
 from analysis.plots import Trajectory, plot_all
-from analysis.stats import SignFlipResult, sign_flip_test
+from analysis.stats import EXACT_MAX, SignFlipResult, sign_flip_test
 from rewards.outcome import Outcome
 
 EVAL_FILE = re.compile(r"eval_step(\d{3,})\.jsonl")
@@ -116,7 +116,9 @@ def load_run(path: str | Path) -> Run:
         if m := EVAL_FILE.fullmatch(file.name):
             step = int(m[1])
             if step in eval_files:
-                raise CompareError(f"run {path}: two eval files for step {step}: {eval_files[step].name}, {file.name}")
+                raise CompareError(
+                    f"run {path}: two eval files for step {step}: {eval_files[step].name}, {file.name}"
+                )
             eval_files[step] = file
     if not eval_files:
         raise CompareError(f"run {path}: no results/eval_stepNNN.jsonl")
@@ -144,7 +146,9 @@ def _read_eval(run: Run, step: int) -> Table:
         if row["step"] != step:
             raise CompareError(f"{where}: row says step {row['step']} in the file of step {step}")
         if row["set"] not in table:
-            raise CompareError(f"{where}: eval set {row['set']!r} is not in {run.path / 'run.json'} eval_sets")
+            raise CompareError(
+                f"{where}: eval set {row['set']!r} is not in {run.path / 'run.json'} eval_sets"
+            )
         try:
             outcome = Outcome(row["outcome"])
         except ValueError:
@@ -247,7 +251,9 @@ def paired_difference(rows_a: dict, rows_b: dict, *, n_resamples: int, seed: int
 
 def disagreements(rows_a: dict, rows_b: dict) -> Counter:
     """Counter of (outcome in B, outcome in A) over the samples where the two differ."""
-    return Counter((rows_b[k].outcome, a.outcome) for k, a in rows_a.items() if a.outcome is not rows_b[k].outcome)
+    return Counter(
+        (rows_b[k].outcome, a.outcome) for k, a in rows_a.items() if a.outcome is not rows_b[k].outcome
+    )
 
 
 @dataclass(frozen=True)
@@ -263,7 +269,9 @@ def peak_decline(run: Run, name: str, step: int, *, n_resamples: int, seed: int)
     acc = {s: set_accuracy(run.table(s)[name]).accuracy for s in steps}
     peak = max(steps, key=lambda s: (-math.inf if math.isnan(acc[s]) else acc[s], -s))
     try:
-        change = paired_difference(run.table(step)[name], run.table(peak)[name], n_resamples=n_resamples, seed=seed)
+        change = paired_difference(
+            run.table(step)[name], run.table(peak)[name], n_resamples=n_resamples, seed=seed
+        )
     except CompareError as e:
         raise CompareError(f"run {run.path}, set {name}, steps {peak} and {step}: {e}") from None
     return PeakDecline(peak, step, change)
@@ -277,7 +285,9 @@ def trajectory(run: Run, label: str, step: int) -> Trajectory:
         compared_step=step,
         eval_steps=evals,
         accuracy={n: [a.accuracy for a in accs] for n, accs in acc.items()},
-        median_tokens={n: [median(x.tokens for x in run.table(s)[n].values()) for s in evals] for n in run.sets},
+        median_tokens={
+            n: [median(x.tokens for x in run.table(s)[n].values()) for s in evals] for n in run.sets
+        },
         truncated={n: [a.rate(Outcome.TRUNCATED) for a in accs] for n, accs in acc.items()},
         format_rejected={n: [a.rate(Outcome.FORMAT_REJECTED) for a in accs] for n, accs in acc.items()},
         train_steps=[row["step"] for row in run.steps],
@@ -378,12 +388,16 @@ def _warnings(a: Run, b: Run, ta: Table, tb: Table) -> list[str]:
     """Differences that do not break the pairing but limit what the comparison says."""
     notes = []
     if a.meta["grader_version"] != b.meta["grader_version"]:
-        notes.append(f"grader versions differ: {a.meta['grader_version']} (A) vs {b.meta['grader_version']} (B)")
+        notes.append(
+            f"grader versions differ: {a.meta['grader_version']} (A) vs {b.meta['grader_version']} (B)"
+        )
     if _caps(ta) != _caps(tb):
         notes.append(f"evaluation caps differ: {_caps(ta)} (A) vs {_caps(tb)} (B)")
     for key in ("temperature", "top_p"):
         if a.meta["eval"].get(key) != b.meta["eval"].get(key):
-            notes.append(f"eval {key} differs: {a.meta['eval'].get(key)} (A) vs {b.meta['eval'].get(key)} (B)")
+            notes.append(
+                f"eval {key} differs: {a.meta['eval'].get(key)} (A) vs {b.meta['eval'].get(key)} (B)"
+            )
     n = sum(ta[s][k].seed != tb[s][k].seed for s in ta for k in ta[s])
     if n:
         notes.append(f"{n} samples were drawn with different seeds in A and B: pairs share problem, not seed")
@@ -408,7 +422,7 @@ def render_report(c: Comparison, seed: int) -> str:
     ]
     dropped = {n: d.n_dropped for n, d in c.paired.items() if d.n_dropped}
     if dropped:
-        out += ["Problems dropped (indeterminate in every sample pair): " + _kv(dropped) + "."]
+        out += ["", "Problems dropped (indeterminate in every sample pair): " + _kv(dropped) + "."]
     out += ["", "## Where the arms disagree", ""]
     for name, counts in c.disagreements.items():
         gains = sum(v for (ob, oa), v in counts.items() if oa is Outcome.CORRECT)
@@ -419,7 +433,10 @@ def render_report(c: Comparison, seed: int) -> str:
             "",
             _table(
                 ["outcome in B → outcome in A", "samples"],
-                [[f"B {ob} → A {oa}", str(v)] for (ob, oa), v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))],
+                [
+                    [f"B {ob} → A {oa}", str(v)]
+                    for (ob, oa), v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+                ],
             ),
             "",
         ]
@@ -440,11 +457,12 @@ def render_report(c: Comparison, seed: int) -> str:
         "",
         "Two-sided paired sign-flip permutation test of the mean per-problem difference. Under the null "
         "hypothesis the two members of each pair are exchangeable, so each difference is equally likely to "
-        "have either sign. Exact when at most 20 differences are non-zero (all 2^k sign patterns); otherwise "
-        f"Monte Carlo over random sign patterns (seed {seed}) with p = (b + 1) / (m + 1) per tail. Two-sided "
-        "p = 2 × min(lower tail, upper tail), capped at 1; zero differences count in n and the mean. This "
-        "is the convention of `scipy.stats.permutation_test(permutation_type='samples')`. Single runs: the "
-        "test covers evaluation sampling given the two checkpoints, not training seed variance.",
+        f"have either sign. Exact when at most {EXACT_MAX} differences are non-zero (all 2^k sign patterns); "
+        f"otherwise Monte Carlo over m random sign patterns (seed {seed}) with p = (b + 1) / (m + 1) per tail, "
+        "so the smallest Monte Carlo p is 2 / (m + 1). Two-sided p = 2 × min(lower tail, upper tail), capped "
+        "at 1; zero differences count in n and the mean. These are the conventions of "
+        "`scipy.stats.permutation_test(permutation_type='samples')`. Each arm is a single run: the test "
+        "covers evaluation sampling given the two checkpoints, not the variance between training seeds.",
         "",
     ]
     return "\n".join(out)
@@ -458,7 +476,7 @@ def _setup_rows(c: Comparison) -> list[list[str]]:
         return [title, *(str(fn(r)) for r in runs)]
 
     return [
-        row("run directory", lambda r: f"`{r.path}`"),
+        row("run directory", lambda r: f"`{r.path.resolve()}`"),
         row("arm", lambda r: r.arm),
         row("policy", lambda r: f"`{r.meta['policy_id']}`"),
         row("gate", lambda r: r.meta["gate"]),
@@ -503,7 +521,9 @@ def _accuracy_table(run: Run) -> str:
     rows = []
     for step in sorted(run.eval_files):
         accs = [set_accuracy(run.table(step)[n]) for n in run.sets]
-        rows.append([str(step), *(x for acc in accs for x in (acc.cell(), str(acc.counts[Outcome.INDETERMINATE])))])
+        rows.append(
+            [str(step), *(x for acc in accs for x in (acc.cell(), str(acc.counts[Outcome.INDETERMINATE])))]
+        )
     return _table(["step", *(h for n in run.sets for h in (f"{n} accuracy", f"{n} indeterminate"))], rows)
 
 
@@ -527,16 +547,21 @@ def _p(p: float) -> str:
 # --- CLI ------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m analysis.compare", description="Compare two arms' runs with paired statistics (SPEC §7)."
+        prog="python -m analysis.compare",
+        description="Compare two arms' runs with paired statistics (SPEC §7).",
     )
     parser.add_argument("run_a", type=Path, help="run directory of arm A, e.g. runs/S2")
     parser.add_argument("run_b", type=Path, help="run directory of arm B, e.g. runs/S0")
     parser.add_argument("--a-step", type=int, help="evaluated step of A (default: its last)")
     parser.add_argument("--b-step", type=int, help="evaluated step of B (default: its last)")
     parser.add_argument("--out", type=Path, help="output folder (default: comparisons/<armA>_vs_<armB>/)")
-    parser.add_argument("--resamples", type=int, default=100_000, help="Monte Carlo sign patterns (default 100000)")
+    parser.add_argument(
+        "--resamples", type=int, default=100_000, help="Monte Carlo sign patterns (default 100000)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="Monte Carlo seed (default 0)")
     args = parser.parse_args(argv)
+    if args.resamples < 1:
+        parser.error("--resamples must be at least 1")
     try:
         c = compare_runs(
             args.run_a,

@@ -19,6 +19,7 @@ from typing import Literal
 
 import numpy as np
 
+EXACT_MAX = 20  # 2^20 patterns take well under a second; beyond that, Monte Carlo
 _CHUNK_ELEMENTS = 1 << 21  # signs materialised per chunk (~16 MB as int64): bounded memory at any k
 _TIE_RTOL = 1e-9  # null sums this close (relative to sum |d|) to the observed sum are ties, not float noise
 
@@ -34,13 +35,15 @@ class SignFlipResult:
 
     def describe(self) -> str:
         """How the p-value was obtained, in words for a report."""
+        if self.n_nonzero == 0:
+            return "exact: all differences are zero"
         if self.method == "exact":
             return f"exact, all 2^{self.n_nonzero} = {self.n_resamples:,} sign patterns"
         return f"Monte Carlo, {self.n_resamples:,} random sign patterns"
 
 
 def sign_flip_test(
-    diffs, *, n_resamples: int = 100_000, seed: int = 0, exact_max: int = 20
+    diffs, *, n_resamples: int = 100_000, seed: int = 0, exact_max: int = EXACT_MAX
 ) -> SignFlipResult:
     """Paired sign-flip test of mean(diffs) == 0: exact when at most `exact_max` differences are non-zero."""
     d = np.asarray(diffs, dtype=np.float64)

@@ -145,7 +145,9 @@ class Run:
                 self._load_eval(path, int(m[1]), int(m[2]) if m[2] else None)
 
     def _numbered(self, pattern: re.Pattern) -> list[int]:
-        return sorted(int(m[1]) for p in self.dir.iterdir() if p.is_dir() and (m := pattern.fullmatch(p.name)))
+        return sorted(
+            int(m[1]) for p in self.dir.iterdir() if p.is_dir() and (m := pattern.fullmatch(p.name))
+        )
 
     def _load_eval(self, path: Path, step: int, cap: int | None) -> None:
         rows = _read_jsonl(path)
@@ -155,7 +157,9 @@ class Run:
             if r["outcome"] not in OUTCOMES:
                 raise ValueError(f"{path}:{i}: unknown outcome {r['outcome']!r}")
             if r["step"] != step or (cap is not None and r["cap"] != cap):
-                raise ValueError(f"{path}:{i}: row step/cap {r['step']}/{r['cap']} disagree with the file name")
+                raise ValueError(
+                    f"{path}:{i}: row step/cap {r['step']}/{r['cap']} disagree with the file name"
+                )
         caps = {r["cap"] for r in rows}
         if len(caps) > 1:
             raise ValueError(f"{path}: rows at several caps {sorted(caps)}")
@@ -195,6 +199,11 @@ class Run:
     def score(self, step: int, name: str, cap: int | None = None) -> SetScore | None:
         return self.scores.get((step, cap or self.eval_cap), {}).get(name)
 
+    @property
+    def resumable(self) -> list[int]:
+        """Steps with both stepNNN/ and stateNNN/: where `--resume` can continue exactly."""
+        return [s for s in self.states if s in self.saved]
+
     def ranking(self) -> list[tuple[int, float]]:
         """Saved checkpoints with a rank-set eval at the run's eval cap, best first (ties: earlier step first)."""
         scored = [(s, sc.accuracy) for s in self.saved if (sc := self.score(s, self.rank_set))]
@@ -232,7 +241,9 @@ def changes_from_control(run: Run) -> list[str]:
     changes = []
     if run.policy.unresolved_active != control.policy.unresolved_active:
         new, old = ("active (reward 0)", "masked") if run.policy.unresolved_active else ("masked", "active")
-        changes.append(f"Unresolved rollouts (truncated or format-rejected) are {new} in the loss instead of {old}.")
+        changes.append(
+            f"Unresolved rollouts (truncated or format-rejected) are {new} in the loss instead of {old}."
+        )
     if run.policy.gate != control.policy.gate:
         changes.append(
             f"Qualification gate {run.policy.gate} instead of {control.policy.gate}: "
@@ -259,8 +270,8 @@ def _p(p: float) -> str:
 
 def _set_row(sc: SetScore, base: SetScore | None) -> dict:
     graded = max(sc.graded, 1)
-    mix = {o: f"{sc.outcomes[o]} ({100 * sc.outcomes[o] / graded:.1f}%)" for o in FAILURES}
-    mix[Outcome.INDETERMINATE] = str(sc.outcomes[Outcome.INDETERMINATE])  # not in any denominator
+    mix = {o.value: f"{sc.outcomes[o]} ({100 * sc.outcomes[o] / graded:.1f}%)" for o in FAILURES}
+    mix[Outcome.INDETERMINATE.value] = str(sc.outcomes[Outcome.INDETERMINATE])  # not in any denominator
     return {
         "name": sc.name,
         "cap": sc.cap,
@@ -307,7 +318,7 @@ def _card_data(run: Run, model_name: str, step: int | None) -> ModelCardData:
         library_name="transformers",
         model_name=model_name,
         tags=tags,
-        eval_results=_eval_results(run, step) if step is not None else None,
+        eval_results=(_eval_results(run, step) if step is not None else None) or None,
     )
 
 
@@ -333,27 +344,40 @@ def _common(run: Run) -> dict:
         "grader_version": run.meta["grader_version"],
         "eval": run.meta["eval"],
         "seed": run.meta.get("config", {}).get("seed"),
-        "recipe": run.meta.get("recipe", "<the recipe .yaml of this run>"),
+        "recipe": run.meta.get("recipe", "<recipe.yaml>"),
         "versions": run.meta.get("versions", {}),
         "other_caps": sorted({c for _, c in run.scores} - {run.eval_cap}),
         "states": [f"state{s:03d}" for s in run.states],
-        "resumable": [s for s in run.states if s in run.saved],
+        "resumable": run.resumable,
+        "newest_state": max(run.resumable, default=None),
         "last_step": run.last_step,
         "citations": CITATIONS,
     }
 
 
+def _resume_dir(run: Run, step: int, repo_id: str | None) -> str:
+    """What to pass to --resume: the run dir resumes from its newest state, an older state needs its own dir."""
+    if step in run.resumable and step != max(run.resumable):
+        return f"<dir with step{step:03d}/ and state{step:03d}/>"
+    return f"<local copy of {repo_id}>" if repo_id else str(run.dir)
+
+
 # --- checkpoint card --------------------------------------------------------------------------------
 def checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = None) -> ModelCard:
     """The card of `stepNNN/`; `repo_id` (set by the push) makes the loading snippets point at the Hub repo."""
-    run = Run(run_dir)
+    return _checkpoint_card(Run(run_dir), step, repo_id)
+
+
+def _checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard:
     name = f"step{step:03d}"
     if step not in run.saved:
         raise FileNotFoundError(f"{run.dir / name}: no such checkpoint directory")
     base = run.scores.get((0, run.eval_cap), {})
     rows = [_set_row(sc, base.get(n)) for n, sc in sorted(run.scores.get((step, run.eval_cap), {}).items())]
     common = _common(run)
-    other = [_set_row(sc, None) for c in common["other_caps"] for sc in run.scores.get((step, c), {}).values()]
+    other = [
+        _set_row(sc, None) for c in common["other_caps"] for sc in run.scores.get((step, c), {}).values()
+    ]
     ranking = run.ranking()
     rank = next((i + 1 for i, (s, _) in enumerate(ranking) if s == step), None)
     model_name = f"capgrpo-{run.arm}-{name}"
@@ -375,6 +399,7 @@ def checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = Non
         repo_id=repo_id,
         load_path=repo_id or str(run.dir / name),
         has_state=step in run.states,
+        resume_dir=_resume_dir(run, step, repo_id),
         system_prompt=SYSTEM_PROMPT,
     )
 
@@ -395,22 +420,34 @@ def _comparison(run: Run, control: Path | str) -> dict:
     step_a, step_b = max(a.eval_files), max(b.eval_files)
     ta, tb = a.table(step_a), b.table(step_b)
     tests = []
-    for name in a.sets:
+    # the held-out set leads, as in the seed card
+    for name in sorted(a.sets, key=lambda n: n != run.rank_set):
         d = compare.paired_difference(ta[name], tb[name], n_resamples=N_RESAMPLES, seed=0)
-        tests.append({"set": name, "diff": f"{d.test.mean_diff:+.1f} pp", "p": _p(d.test.p_value), "n": d.test.n})
+        tests.append(
+            {"set": name, "diff": f"{d.test.mean_diff:+.1f} pp", "p": _p(d.test.p_value), "n": d.test.n}
+        )
     counts = compare.disagreements(ta[run.rank_set], tb[run.rank_set]) if run.rank_set in ta else Counter()
     disagree = [f"{ob} → {oa}: {n}" for (ob, oa), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
-    return {"arm": b.arm, "dir": str(b.path), "step_a": step_a, "step_b": step_b, "tests": tests, "disagree": disagree}
+    return {
+        "arm": b.arm,
+        "dir": str(b.path),
+        "step_a": step_a,
+        "step_b": step_b,
+        "tests": tests,
+        "disagree": disagree,
+    }
 
 
 def _trajectory(run: Run) -> dict:
     logp = [r["logprob_median"] for r in run.steps if r.get("logprob_median") is not None]
     gate = [(r["step"], r["gate_stat"]) for r in run.steps if r.get("gate_stat") is not None]
     evals = run.evaluated()
-    lengths = [(s, sc.median_tokens) for s in evals if (sc := run.score(s, run.rank_set)) and sc.median_tokens]
+    lengths = [
+        (s, sc.median_tokens) for s in evals if (sc := run.score(s, run.rank_set)) and sc.median_tokens
+    ]
     return {
-        "logprob": (f"{logp[0]:.3f}", f"{logp[-1]:.3f}", f"{min(logp):.3f}", f"{max(logp):.3f}") if logp else None,
-        "length": (lengths[0], lengths[-1]) if len(lengths) > 1 else None,
+        "logprob": [f"{x:.3f}" for x in (logp[0], logp[-1], min(logp), max(logp))] if logp else None,
+        "length": [(s, f"{n:g}") for s, n in (lengths[0], lengths[-1])] if len(lengths) > 1 else None,
         "gate_last": (gate[-1][0], _pct(gate[-1][1])) if gate else None,
         "bound_hits": sum(bool((r.get("groups") or {}).get("bound_hit")) for r in run.steps),
     }
@@ -424,22 +461,36 @@ def _decline(run: Run) -> dict | None:
 
     r = compare.load_run(run.dir)
     pd = compare.peak_decline(r, run.rank_set, max(r.eval_files), n_resamples=N_RESAMPLES, seed=0)
-    out = {"peak": pd.peak_step, "last": pd.step}
-    if pd.peak_step != pd.step:
-        t = pd.change.test
-        out.update(diff=f"{t.mean_diff:+.1f} pp", p=_p(t.p_value), n=t.n)
-    return out
+    if pd.peak_step == pd.step:
+        return {"peak": pd.peak_step, "last": pd.step, "diff": None}
+    t = pd.change.test
+    return {
+        "peak": pd.peak_step,
+        "last": pd.step,
+        "diff": f"{t.mean_diff:+.1f} pp",
+        "p": _p(t.p_value),
+        "n": t.n,
+    }
 
 
-def run_card(run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None) -> ModelCard:
+def run_card(
+    run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None
+) -> ModelCard:
     """The run's README.md: the seed card's sections (summary, Recipe, Results, Limits, Files) for this run."""
-    run = Run(run_dir)
+    return _run_card(Run(run_dir), control, repo_id)
+
+
+def _run_card(run: Run, control: Path | str | None, repo_id: str | None) -> ModelCard:
     ranking = run.ranking()
     best = ranking[0][0] if ranking else None
     evals = run.evaluated()
     table_sets = sorted({n for k in run.scores.values() for n in k})
     table = [
-        {"step": s, "cap": c, "cells": [_pct(sc.accuracy) if (sc := run.score(s, n, c)) else "" for n in table_sets]}
+        {
+            "step": s,
+            "cap": c,
+            "cells": [_pct(sc.accuracy) if (sc := run.score(s, n, c)) else "" for n in table_sets],
+        }
         for s, c in sorted(run.scores)
     ]
     model_name = f"capgrpo-{run.arm}"
@@ -465,7 +516,9 @@ def run_card(run_dir: Path | str, control: Path | str | None = None, *, repo_id:
     )
 
 
-def write_run_card(run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None) -> Path:
+def write_run_card(
+    run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None
+) -> Path:
     path = Path(run_dir) / "README.md"
     run_card(run_dir, control, repo_id=repo_id).save(path)
     return path
@@ -478,11 +531,16 @@ def write_cards(
     steps: list[int] | None = None,
     repo_id: str | None = None,
 ) -> list[Path]:
-    """Every checkpoint card (or those of `steps`) and the run card."""
+    """Every checkpoint card (or those of `steps`) and the run card, from one reading of the run's files."""
     run = Run(run_dir)
-    chosen = run.saved if steps is None else steps
-    written = [write_checkpoint_card(run.dir, s, repo_id=repo_id) for s in chosen]
-    return written + [write_run_card(run.dir, control, repo_id=repo_id)]
+    cards = [
+        (run.dir / f"step{s:03d}" / "README.md", _checkpoint_card(run, s, repo_id))
+        for s in steps or run.saved
+    ]
+    cards.append((run.dir / "README.md", _run_card(run, control, repo_id)))
+    for path, card in cards:
+        card.save(path)
+    return [path for path, _ in cards]
 
 
 # --- checkpoint hygiene and the trainer hook ----------------------------------------------------------
@@ -512,9 +570,13 @@ class CardCallback(TrainerCallback):
         self.run_dir = Path(run_dir)
 
     def on_save(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
+        if not state.is_world_process_zero:
+            return
+        try:
             write_checkpoint_card(self.run_dir, state.global_step)
             write_run_card(self.run_dir)
+        except Exception:  # a card is documentation: log it, keep training; `make card` regenerates later
+            logger.exception("cards for %s step %d not written", self.run_dir, state.global_step)
 
 
 def parse_steps(text: str | None) -> list[int] | None:

@@ -1,7 +1,6 @@
 """The five rollout outcomes of grader v1 (SPEC §2) and the reward they carry."""
 
 from enum import StrEnum
-
 from importlib.metadata import version
 
 GRADER_VERSION = f"capgrpo-grader-v1+math-verify-{version('math-verify')}"

@@ -11,15 +11,17 @@ import pytest
 from analysis.compare import CompareError, compare_runs, load_run, main, peak_decline
 from rewards.outcome import Outcome
 
-C, W, T, F, I = "correct", "wrong", "truncated", "format_rejected", "indeterminate"
+C, W, T, F, N = "correct", "wrong", "truncated", "format_rejected", "indeterminate"
 REPO = Path(__file__).resolve().parents[1]
 
 # Set "h": one sample per problem; set "f": two samples per problem.
-A_LAST = {"h": [[C], [C], [C], [W], [T], [C]], "f": [[C, C], [W, C], [T, I], [I, C]]}
-B_LAST = {"h": [[T], [F], [C], [C], [T], [W]], "f": [[C, W], [C, C], [C, C], [C, I]]}
+A_LAST = {"h": [[C], [C], [C], [W], [T], [C]], "f": [[C, C], [W, C], [T, N], [N, C]]}
+B_LAST = {"h": [[T], [F], [C], [C], [T], [W]], "f": [[C, W], [C, C], [C, C], [C, N]]}
 
 
-def write_run(root: Path, arm: str, evals: dict, *, n_steps: int = 3, policy: str = "p", ids=None) -> Path:
+def write_run(
+    root: Path, arm: str, evals: dict, *, n_steps: int = 3, ids=None, grader: str = "grader-test"
+) -> Path:
     """A run directory per docs/CONTRACTS.md. evals: {step: {set: [[outcome per sample] per problem]}};
     task i of a set is f"{set}-{i}" unless ids gives the lists."""
     results = root / "results"
@@ -28,16 +30,24 @@ def write_run(root: Path, arm: str, evals: dict, *, n_steps: int = 3, policy: st
     ids = ids or {name: [f"{name}-{i}" for i in range(len(p))] for name, p in layout.items()}
     meta = {
         "arm": arm,
-        "policy_id": policy,
+        "policy_id": f"policy-{arm}",
         "gate": "v1",
         "groups_per_step": 4,
-        "grader_version": "grader-test",
+        "grader_version": grader,
         "base_model": "tiny",
         "eval_sets": ids,
-        "eval": {"cap": 64, "temperature": 1.0, "top_p": 1.0, "seed": 1, "samples": {n: len(p[0]) for n, p in layout.items()}},
+        "eval": {
+            "cap": 64,
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "seed": 1,
+            "samples": {n: len(p[0]) for n, p in layout.items()},
+        },
     }
     (root / "run.json").write_text(json.dumps(meta))
-    steps = [{"step": s, "logprob_median": -0.25 + 0.01 * s, "gate_stat": 0.1 * s} for s in range(1, n_steps + 1)]
+    steps = [
+        {"step": s, "logprob_median": -0.25 + 0.01 * s, "gate_stat": 0.1 * s} for s in range(1, n_steps + 1)
+    ]
     (results / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     for step, sets in evals.items():
         rows = [
@@ -78,7 +88,7 @@ def test_paired_differences_and_disagreements(runs, tmp_path):
     assert f.test.p_value == pytest.approx(2 * 3 / 8)  # sums <= −100: 3 of the 8 patterns of ±50 ±50 ±100
     assert (f.accuracy_a.counts[Outcome.INDETERMINATE], f.accuracy_a.graded) == (2, 6)
     assert (f.accuracy_a.accuracy, f.accuracy_b.accuracy) == (4 / 6, 6 / 7)
-    assert c.disagreements["f"] == {(W, C): 1, (C, W): 1, (C, T): 1, (C, I): 2, (I, C): 1}
+    assert c.disagreements["f"] == {(W, C): 1, (C, W): 1, (C, T): 1, (C, N): 2, (N, C): 1}
 
 
 def test_explicit_steps(runs, tmp_path):
@@ -135,6 +145,19 @@ def test_module_cli_default_out_dir(runs, tmp_path):
     assert "B: S0 step 0" in proc.stdout
 
 
+def test_warns_on_different_grader_and_tolerates_null_logprob(tmp_path):
+    a = write_run(tmp_path / "A", "S2", {4: A_LAST})
+    b = write_run(tmp_path / "B", "S0", {4: B_LAST}, grader="grader-other")
+    steps = b / "results" / "steps.jsonl"
+    steps.write_text(
+        steps.read_text() + json.dumps({"step": 4, "logprob_median": None, "gate_stat": 0.5}) + "\n"
+    )
+    c = compare_runs(a, b, tmp_path / "out")
+    assert c.warnings == ["grader versions differ: grader-test (A) vs grader-other (B)"]
+    report = c.report.read_text()
+    assert "> **Warning:** grader versions differ" in report and "`policy-S0`" in report
+
+
 # --- refusals ---------------------------------------------------------------------------------------
 def test_refuses_missing_step(runs, tmp_path, capsys):
     with pytest.raises(CompareError, match=r"step 7 was not evaluated \(no results/eval_step007.jsonl\)"):
@@ -146,14 +169,18 @@ def test_refuses_missing_step(runs, tmp_path, capsys):
 
 def test_refuses_different_eval_sets(runs, tmp_path):
     b = write_run(tmp_path / "B1", "S0", {3: {"h": B_LAST["h"]}})
-    with pytest.raises(CompareError, match=r"eval sets differ: run .*A has \['f', 'h'\], run .*B1 has \['h'\]"):
+    with pytest.raises(
+        CompareError, match=r"eval sets differ: run .*A has \['f', 'h'\], run .*B1 has \['h'\]"
+    ):
         compare_runs(runs[0], b, tmp_path / "out")
 
 
 def test_refuses_different_task_ids(runs, tmp_path):
     ids = {"h": [f"h-{i}" for i in range(6)], "f": ["f-0", "f-1", "f-2", "other"]}
     b = write_run(tmp_path / "B1", "S0", {3: B_LAST}, ids=ids)
-    with pytest.raises(CompareError, match=r"set f: task ids differ between runs: 1 only in .*\['f-3'\], 1 only in"):
+    with pytest.raises(
+        CompareError, match=r"set f: task ids differ between runs: 1 only in .*\['f-3'\], 1 only in"
+    ):
         compare_runs(runs[0], b, tmp_path / "out")
 
 
@@ -167,7 +194,9 @@ def test_refuses_duplicate_eval_rows(runs, tmp_path):
     path = runs[0] / "results" / "eval_step002.jsonl"
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines) + lines[0])
-    with pytest.raises(CompareError, match=rf"eval_step002.jsonl:{len(lines) + 1}: duplicate row .* task h-0, sample 0"):
+    with pytest.raises(
+        CompareError, match=rf"eval_step002.jsonl:{len(lines) + 1}: duplicate row .* task h-0, sample 0"
+    ):
         compare_runs(*runs, tmp_path / "out")
 
 
@@ -182,5 +211,15 @@ def test_refuses_rows_that_do_not_match_run_json(runs, tmp_path):
     path = runs[1] / "results" / "eval_step003.jsonl"
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows if (r["task_id"], r["sample"]) != ("f-2", 1)))
-    with pytest.raises(CompareError, match=r"set f does not hold run.json's 4 task ids × 2 .* 1 missing \(e.g. task f-2 sample 1\)"):
+    with pytest.raises(
+        CompareError,
+        match=r"set f does not hold run.json's 4 task ids × 2 .* 1 missing \(e.g. task f-2 sample 1\)",
+    ):
+        compare_runs(*runs, tmp_path / "out")
+
+
+def test_refuses_unknown_outcome(runs, tmp_path):
+    path = runs[0] / "results" / "eval_step002.jsonl"
+    path.write_text(path.read_text().replace('"outcome": "wrong"', '"outcome": "timeout"', 1))
+    with pytest.raises(CompareError, match=r"eval_step002.jsonl:4: unknown outcome 'timeout'"):
         compare_runs(*runs, tmp_path / "out")

@@ -33,29 +33,41 @@ from trainer.evaluation import (  # noqa: E402
     write_eval,
 )
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-            "<|image_pad|>", "<|video_pad|>"]  # fmt: skip
+SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 SPEC = EvalSpec(cap=16, temperature=1.0, top_p=0.95, seed=1234, samples={FIXED: 3, HELDOUT: 1}, batch_size=4)
-TASKS = [
-    {"id": f"task-{i:02d}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(1, 9)
-]
+TASKS = [{"id": f"task-{i:02d}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(1, 9)]
 TASKS_BY_SET = {FIXED: TASKS[:3], HELDOUT: TASKS[3:]}  # 9 + 5 samples: uneven last batches
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
-    """Char-level tokenizer with Qwen's chat tokens: EOS <|im_end|>, pad <|endoftext|>."""
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + [chr(c) for c in range(32, 127)] + ["\n"])}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="?"))
-    backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-    backend.decoder = decoders.Fuse()
+    """Byte-level, one token per character (no merges), so that it reloads as Qwen3_5Tokenizer unchanged.
+
+    EOS <|im_end|>, pad <|endoftext|>; the alphabet is printable ASCII plus space and newline, small enough
+    that a random model ends some completions within a few tokens.
+    """
+    byte_level = {10: "\u010a", 32: "\u0120"} | {b: chr(b) for b in range(33, 127)}  # GPT-2's byte->unicode
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + [byte_level[b] for b in sorted(byte_level)])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
         additional_special_tokens=SPECIALS[1:],
-    )  # fmt: skip
+    )
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
@@ -64,19 +76,40 @@ def _model(tok, seed: int = 0) -> Qwen3_5ForConditionalGeneration:
     """Tiny random model of the real architecture: one linear-attention and one full-attention layer."""
     ids = tok.convert_tokens_to_ids
     text = dict(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
-        head_dim=16, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-        linear_num_value_heads=2, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
-    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
-                  num_position_embeddings=16, patch_size=4, temporal_patch_size=1)  # fmt: skip
+    )
+    vision = dict(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        out_hidden_size=32,
+        num_position_embeddings=16,
+        patch_size=4,
+        temporal_patch_size=1,
+    )
     config = Qwen3_5Config(
-        text_config=text, vision_config=vision, image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"), vision_start_token_id=ids("<|vision_start|>"),
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
         vision_end_token_id=ids("<|vision_end|>"),
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     return Qwen3_5ForConditionalGeneration(config).eval()
 
@@ -97,16 +130,21 @@ def rows(model, tok):
 
 
 def test_sample_seed_is_sha256_of_eval_seed_task_and_sample():
-    expected = int.from_bytes(hashlib.sha256(b"capgrpo-eval:1234:math-0123456789ab:3").digest()[:8], "big") >> 1
+    expected = (
+        int.from_bytes(hashlib.sha256(b"capgrpo-eval:1234:math-0123456789ab:3").digest()[:8], "big") >> 1
+    )
     assert sample_seed(1234, "math-0123456789ab", 3) == expected
     grid = {sample_seed(s, t, i) for s in (1, 2) for t in ("a", "b", "ab") for i in range(8)}
     assert len(grid) == 2 * 3 * 8
     assert all(0 <= s < 2**63 for s in grid)
 
 
-def test_rows_follow_the_contract(rows, tok):
+def test_rows_follow_the_contract(rows):
     assert [(r["set"], r["task_id"], r["sample"]) for r in rows] == sorted(
-        (name, t["id"], i) for name, tasks in TASKS_BY_SET.items() for t in tasks for i in range(SPEC.samples[name])
+        (name, t["id"], i)
+        for name, tasks in TASKS_BY_SET.items()
+        for t in tasks
+        for i in range(SPEC.samples[name])
     )
     by_id = {t["id"]: t for t in TASKS}
     for r in rows:
@@ -118,9 +156,7 @@ def test_rows_follow_the_contract(rows, tok):
         assert 1 <= r["completion_tokens"] <= SPEC.cap
         if r["outcome"] == Outcome.TRUNCATED:  # no EOS: the whole cap was generated
             assert r["completion_tokens"] == SPEC.cap
-            assert len(tok(r["completion"], add_special_tokens=False)["input_ids"]) == SPEC.cap
-        else:  # the EOS is counted but not part of the text
-            assert len(tok(r["completion"], add_special_tokens=False)["input_ids"]) == r["completion_tokens"] - 1
+        assert "<|im_end|>" not in r["completion"]
     # a near-uniform random model over ~100 tokens ends some completions within 16 tokens, not all
     outcomes = {r["outcome"] for r in rows}
     assert Outcome.TRUNCATED in outcomes and outcomes - {Outcome.TRUNCATED}
@@ -151,6 +187,19 @@ def test_evaluation_leaves_the_training_rng_and_module_modes_alone(model, tok):
     assert torch.equal(torch.rand(5), expected)
     assert model.training and model.model.language_model.training and not model.model.visual.training
     model.eval()
+
+
+def test_spec_reads_run_json():
+    run = {
+        "eval": {k: v for k, v in SPEC.to_json().items() if k != "batch_size"},
+        "config": {"eval_batch_size": 4},
+    }
+    assert EvalSpec.from_run(run) == SPEC
+    assert EvalSpec.from_run({"eval": SPEC.to_json(), "config": {"eval_batch_size": 7}}) == SPEC
+    with pytest.raises(ValueError, match="seed"):
+        EvalSpec.from_run({"eval": {k: v for k, v in SPEC.to_json().items() if k != "seed"}})
+    with pytest.raises(ValueError):
+        EvalSpec(temperature=0.0)
 
 
 def _row(set_name, outcome, i=0):
@@ -253,6 +302,7 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, model, tok, row
 
     eval_path(run_dir, 5).write_text(eval_path(run_dir, 5).read_text().replace('"step": 5', '"step": 5 '))
     assert main([str(run_dir), "--steps", "5", "--backend", "transformers"]) == 1  # refuses to overwrite
+    assert main([str(run_dir), "--steps", "5", "--temperature", "0.5"]) == 1  # only at another cap
     run["snapshot"]["sha256"] = "0" * 64
     (run_dir / "run.json").write_text(json.dumps(run))
     assert main([str(run_dir), "--steps", "5", "--backend", "transformers"]) == 1  # snapshot verified

@@ -6,7 +6,7 @@ from rewards.outcome import Outcome
 from trainer.arms import ARMS, POLICIES
 from trainer.selection import Group, rejection_reason, select_groups, shows_gate_gap
 
-C, W, T, F, I = (
+C, W, T, F, X = (
     Outcome.CORRECT,
     Outcome.WRONG,
     Outcome.TRUNCATED,
@@ -24,8 +24,8 @@ S0, S2, S4 = (ARMS[a].policy for a in ("S0", "S2", "S4"))
         ([C, F, C, C], False, True),
         ([C, C, C, C], False, False),
         ([W, T, F, W], False, False),
-        ([C, I, I, I], False, False),  # indeterminate is not a failure
-        ([C, W, I, T], True, True),
+        ([C, X, X, X], False, False),  # indeterminate is not a failure
+        ([C, W, X, T], True, True),
     ],
 )
 def test_gates(outcomes, v1, v2):
@@ -44,7 +44,7 @@ def test_policy_table_matches_spec():
 @pytest.mark.parametrize("policy", POLICIES.values(), ids=lambda p: p.id)
 def test_which_rollouts_carry_loss(policy):
     assert policy.carries_loss(C) and policy.carries_loss(W)
-    assert not policy.carries_loss(I)  # never, under any policy
+    assert not policy.carries_loss(X)  # never, under any policy
     assert policy.carries_loss(T) is policy.unresolved_active
     assert policy.carries_loss(F) is policy.unresolved_active
 
@@ -54,8 +54,8 @@ def test_rejection_reasons():
     assert rejection_reason([W, T], S2) == "no_correct"
     assert rejection_reason([C, T, C], S2) == "correct_unresolved_no_wrong"
     assert rejection_reason([C, T, C], S4) is None
-    assert rejection_reason([I, I], S4) == "all_indeterminate"
-    assert rejection_reason([C, I], S2) == "all_correct"
+    assert rejection_reason([X, X], S4) == "all_indeterminate"
+    assert rejection_reason([C, X], S2) == "all_correct"
     assert shows_gate_gap([C, F]) and not shows_gate_gap([C, F, W]) and not shows_gate_gap([W, T])
 
 
@@ -100,9 +100,13 @@ def test_selection_stops_at_exactly_groups_per_step():
 def test_selection_v2_accepts_what_v1_rejects():
     script = {f"q{i}": [C, T] for i in range(8)}
     take = sampler_over(list(script))
-    v1 = select_groups(scripted(script)[0], take, S2, groups_per_step=2, problems_per_round=2, max_sampling_rounds=3)
+    v1 = select_groups(
+        scripted(script)[0], take, S2, groups_per_step=2, problems_per_round=2, max_sampling_rounds=3
+    )
     take = sampler_over(list(script))
-    v2 = select_groups(scripted(script)[0], take, S4, groups_per_step=2, problems_per_round=2, max_sampling_rounds=3)
+    v2 = select_groups(
+        scripted(script)[0], take, S4, groups_per_step=2, problems_per_round=2, max_sampling_rounds=3
+    )
     assert len(v1.groups) == 0 and v1.rounds == 3 and v1.shortfall == 2
     assert len(v2.groups) == 2 and v2.rounds == 1
 
@@ -110,7 +114,12 @@ def test_selection_v2_accepts_what_v1_rejects():
 def test_selection_bound_hit_keeps_only_qualifying_groups():
     script = {f"q{i}": ([C, W] if i == 1 else [W, W]) for i in range(20)}
     sel = select_groups(
-        scripted(script)[0], sampler_over(list(script)), S0, groups_per_step=3, problems_per_round=2, max_sampling_rounds=2
+        scripted(script)[0],
+        sampler_over(list(script)),
+        S0,
+        groups_per_step=3,
+        problems_per_round=2,
+        max_sampling_rounds=2,
     )
     assert sel.rounds == 2 and len(sel.sampled) == 4
     assert [g.task_id for g in sel.groups] == ["q1"] and sel.shortfall == 2

@@ -16,7 +16,7 @@ import torch
 from transformers import TrainerCallback
 
 from trainer.cpu_adamw import CPUAdamW
-from trainer.state_shard import StateError, capture_rng_state, latest_state, load_state, save_state, verify_state
+from trainer.state_shard import StateError, capture_rng_state, latest_state, load_state, save_state
 
 STEP_DIR = re.compile(r"^step(\d{3,})$")
 
@@ -144,15 +144,14 @@ class CheckpointCallback(TrainerCallback):
 
 
 # --- resume -------------------------------------------------------------------------------------------
-def resume_state_dir(run_dir: Path, args) -> Path:
-    """The newest stateNNN/ of `run_dir` with its stepNNN/, fully verified before anything is loaded."""
+def load_resume_state(run_dir: Path, args) -> tuple[Path, dict[str, torch.Tensor], dict]:
+    """The newest stateNNN/ of `run_dir` with its stepNNN/: every hash verified before the model is touched."""
     state = latest_state(run_dir)
     if state is None:
         raise StateError(f"{run_dir}: no stateNNN/ directory to resume from")
     weights = step_dir(run_dir, int(state.name.removeprefix("state")))
     if not (weights / "config.json").is_file():
         raise StateError(f"{weights}: missing (resume needs the stepNNN/ beside {state.name}/)")
-    verify_state(state)
     arm = args.resolved_arm()
-    load_state(state, expect={"arm": arm.name, "policy_id": arm.policy_id}, tensors=False)
-    return state
+    tensors, meta = load_state(state, expect={"arm": arm.name, "policy_id": arm.policy_id})
+    return state, tensors, meta

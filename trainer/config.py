@@ -17,7 +17,9 @@ class CapGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Extra arms, {name: {policy_id, groups_per_step, note}} (YAML mapping or JSON)."},
     )
-    groups_per_step: int | None = field(default=None, metadata={"help": "Qualifying groups per step (arm's)."})
+    groups_per_step: int | None = field(
+        default=None, metadata={"help": "Qualifying groups per step (arm's)."}
+    )
     problems_per_round: int | None = field(
         default=None, metadata={"help": "Problems sampled per selection round (default: groups_per_step)."}
     )
@@ -30,7 +32,9 @@ class CapGRPOConfig(GRPOConfig):
     grader_timeout_s: float = field(default=10.0, metadata={"help": "Per-item grading timeout."})
     grader_memory_mb: int = field(default=2048, metadata={"help": "Address-space limit per grader worker."})
     # --- evaluation (SPEC §5) ----------------------------------------------------------------------
-    eval_every: int = field(default=10, metadata={"help": "Evaluate at step 0, every N steps and at the end."})
+    eval_every: int = field(
+        default=10, metadata={"help": "Evaluate at step 0, every N steps and at the end."}
+    )
     eval_cap: int | None = field(default=None, metadata={"help": "Eval token cap (default: training cap)."})
     eval_temperature: float | None = field(default=None, metadata={"help": "Default: training temperature."})
     eval_top_p: float | None = field(default=None, metadata={"help": "Default: training top_p."})
@@ -48,7 +52,9 @@ class CapGRPOConfig(GRPOConfig):
     cpu_adamw: bool | None = field(
         default=None, metadata={"help": "CPU-offloaded AdamW (default: on for single-process GPU runs)."}
     )
-    resume: str | None = field(default=None, metadata={"help": "Run dir with stepNNN/ and stateNNN/ to resume."})
+    resume: str | None = field(
+        default=None, metadata={"help": "Run dir with stepNNN/ and stateNNN/ to resume."}
+    )
 
     def __post_init__(self):
         if isinstance(self.arms, str):
@@ -72,7 +78,9 @@ class CapGRPOConfig(GRPOConfig):
                 f"process(es) × per_device_train_batch_size={self.per_device_train_batch_size}"
             )
         if self.problems_per_round % world:
-            raise ValueError(f"problems_per_round={self.problems_per_round} must be divisible by {world} processes")
+            raise ValueError(
+                f"problems_per_round={self.problems_per_round} must be divisible by {world} processes"
+            )
         self.gradient_accumulation_steps = rollouts // (world * self.per_device_train_batch_size)
         self.steps_per_generation = None
         self.generation_batch_size = None
@@ -90,5 +98,7 @@ class CapGRPOConfig(GRPOConfig):
             raise ValueError(f"unknown arm {self.arm!r}; known: {sorted(arms)} (add one under `arms:`)")
         arm = arms[self.arm]
         if arm.policy_id not in POLICIES:
-            raise ValueError(f"arm {arm.name}: unknown policy_id {arm.policy_id!r}; known: {sorted(POLICIES)}")
+            raise ValueError(
+                f"arm {arm.name}: unknown policy_id {arm.policy_id!r}; known: {sorted(POLICIES)}"
+            )
         return arm

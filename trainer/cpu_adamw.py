@@ -42,7 +42,7 @@ class CPUAdamW(torch.optim.Optimizer):
         eps: float = 1e-8,
         weight_decay: float = 1e-2,
         *,
-        chunk_elems: int = 2**18,
+        chunk_elems: int = 2**20,
     ):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(

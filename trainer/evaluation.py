@@ -34,20 +34,11 @@ from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import render_prompt  # noqa: E402
+from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 
-ROW_FIELDS = (
-    "step",
-    "set",
-    "task_id",
-    "sample",
-    "seed",
-    "outcome",
-    "answer",
-    "reference",
-    "completion_tokens",
-    "cap",
-    "completion",
+ROW_FIELDS = tuple(
+    "step set task_id sample seed outcome answer reference completion_tokens cap completion".split()
 )
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
@@ -182,12 +173,6 @@ def _isolated(model) -> Iterator[None]:
                 module.training = training
 
 
-def _default_grade(completions, references, truncated):
-    from rewards.grader import grade_batch
-
-    return grade_batch(completions, references, truncated)
-
-
 def generate_eval(
     model,
     tokenizer,
@@ -234,7 +219,7 @@ def generate_eval(
     texts = [tokenizer.decode(tokens, skip_special_tokens=True) for tokens, _ in generated]
     truncated = [not ended for _, ended in generated]
     references = [by_id[task_id]["answer"] for task_id, _ in items]
-    grades = (grade_fn or _default_grade)(texts, references, truncated)
+    grades = (grade_fn or grade_batch)(texts, references, truncated)
     if len(grades) != len(items):
         raise RuntimeError(f"grader returned {len(grades)} grades for {len(items)} completions")
     return [

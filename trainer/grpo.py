@@ -12,9 +12,9 @@ What we change, each at the narrowest hook:
 
 import statistics
 import time
-from pathlib import Path
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,12 +25,12 @@ from trl import GRPOTrainer
 from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
-from trainer.state_shard import load_state, restore_rng_state
 from trainer.arms import POLICIES
 from trainer.checkpoint import import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
+from trainer.state_shard import load_state, restore_rng_state
 
 
 def step_tickets(args: CapGRPOConfig) -> Dataset:
@@ -45,14 +45,21 @@ class CapGRPOTrainer(GRPOTrainer):
         self.task_sampler = sampler
         self.arm = args.resolved_arm()
         self.policy = POLICIES[self.arm.policy_id]
-        self.outcome_reward = OutcomeReward(eos_token_ids=[], pool=grader)
+        eos = model.generation_config.eos_token_id
+        self.outcome_reward = OutcomeReward(eos if isinstance(eos, list) else [eos], pool=grader)
         super().__init__(
-            model=model, reward_funcs=[self.outcome_reward], args=args, train_dataset=step_tickets(args), **kwargs
+            model=model,
+            reward_funcs=[self.outcome_reward],
+            args=args,
+            train_dataset=step_tickets(args),
+            **kwargs,
         )
-        self.outcome_reward.eos_token_ids = list(self.eos_token_ids)  # known once TRL read the tokenizer
+        self.outcome_reward.eos_token_ids = frozenset(self.eos_token_ids)  # TRL adds the tokenizer's EOS
         self.step_record: dict[str, Any] = {}
         self._pending_rollouts: list[tuple[list[int], Any]] | None = None
         self._step_logps: list[torch.Tensor] = []
+        self._resume: tuple[dict, dict] | None = None  # (tensors, meta) of the stateNNN/ being resumed
+        self.last_save_seconds = 0.0
 
     # --- selection ----------------------------------------------------------------------------------
     def _sample_round(self, task_ids: list[str]) -> list[Group]:
@@ -107,7 +114,7 @@ class CapGRPOTrainer(GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         self.step_record = {"seconds": Counter(generate=0.0, grade=0.0, train=0.0, eval=0.0, save=0.0)}
         groups, trained, selection = self._select()
-        G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
         share = len(groups) // world
         local = [(g, ok) for g, ok in zip(groups, trained, strict=True)][rank * share : (rank + 1) * share]
         batch, self._pending_rollouts = [], []
@@ -116,8 +123,15 @@ class CapGRPOTrainer(GRPOTrainer):
             for ids, logps, outcome, _ in group.rollouts:
                 outcome = Outcome(outcome)
                 active = ok and self.policy.carries_loss(outcome)
-                batch.append({"prompt": prompt_messages(task["problem"]), "answer": task["answer"],
-                              "task_id": group.task_id, "outcome": outcome, "active": active})
+                batch.append(
+                    {
+                        "prompt": prompt_messages(task["problem"]),
+                        "answer": task["answer"],
+                        "task_id": group.task_id,
+                        "outcome": outcome,
+                        "active": active,
+                    }
+                )
                 self._pending_rollouts.append((ids, logps))
         output = super()._generate_and_score_completions(batch)
         output = self._apply_cap_policy(output, batch)
@@ -128,7 +142,9 @@ class CapGRPOTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
         # During training the rollouts were generated (and graded) by selection rounds; hand them to TRL.
         if self._pending_rollouts is None:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, **kwargs)
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, **kwargs
+            )
         rollouts, self._pending_rollouts = self._pending_rollouts, None
         assert len(rollouts) == len(prompt_ids), "selected rollouts and prompts out of step"
         logprobs = None if rollouts[0][1] is None else [lp for _, lp in rollouts]
@@ -165,7 +181,8 @@ class CapGRPOTrainer(GRPOTrainer):
                 "bound_hit": selection.shortfall > 0,
                 "rejected": dict(sorted(selection.rejected.items())),
             },
-            gate_stat=sum(shows_gate_gap(g.outcomes) for g in selection.sampled) / max(len(selection.sampled), 1),
+            gate_stat=sum(shows_gate_gap(g.outcomes) for g in selection.sampled)
+            / max(len(selection.sampled), 1),
             outcomes_sampled=outcome_counts(sampled),
             outcomes_trained=outcome_counts(trained_outcomes),
             reward_mean=sum(graded) / len(graded) if graded else None,
@@ -175,6 +192,7 @@ class CapGRPOTrainer(GRPOTrainer):
                 "max": max(lengths),
             },
             tokens_trained=int(output["num_items_in_batch"].item()),
+            task_ids_trained=[g.task_id for g, ok in zip(groups, trained, strict=True) if ok],
             sampler=self.task_sampler.state_dict(),
         )
         scalars = {
@@ -183,7 +201,10 @@ class CapGRPOTrainer(GRPOTrainer):
             "groups/trained": sum(trained),
             "groups/rounds": selection.rounds,
             "gate_stat": self.step_record["gate_stat"],
-            **{f"outcomes/{k}": v / max(len(sampled), 1) for k, v in self.step_record["outcomes_sampled"].items()},
+            **{
+                f"outcomes/{k}": v / max(len(sampled), 1)
+                for k, v in self.step_record["outcomes_sampled"].items()
+            },
         }
         for k, v in scalars.items():
             self._metrics["train"][f"capgrpo/{k}"].append(float(v))
@@ -201,13 +222,20 @@ class CapGRPOTrainer(GRPOTrainer):
         self._step_logps.append(self._last_logps.detach()[mask].float().cpu())
         return loss
 
+    def log_eval_metrics(self, metrics: dict[str, float]) -> None:
+        """Step-0 evaluation gets a log of its own; later ones join their step's log (and steps.jsonl row)."""
+        if self.state.global_step == 0:
+            self.log(metrics)
+        else:
+            for k, v in metrics.items():
+                self._metrics["train"][k].append(v)
+
     def pop_logprob_median(self) -> float | None:
         """Median log-prob of the sampled tokens under the current policy, over the step's active tokens."""
         local = torch.cat(self._step_logps) if self._step_logps else torch.empty(0)
         self._step_logps = []
         everything = torch.cat(gather_object([local]))
         return everything.median().item() if everything.numel() else None
-
 
     # --- optimizer: CPU-offloaded AdamW for single-process GPU runs (SPEC §6) -----------------------------
     def create_optimizer(self, model=None):
@@ -232,7 +260,8 @@ class CapGRPOTrainer(GRPOTrainer):
 
     # --- exact resume from stateNNN/ (the Trainer's own format pickles the optimizer) -------------------
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
-        self._resume = load_state(Path(resume_from_checkpoint))
+        if self._resume is None:  # train.py verified and loaded it up front
+            self._resume = load_state(Path(resume_from_checkpoint))
         load_masters_into_model(self.accelerator.unwrap_model(model or self.model), self._resume[0])
 
     def _load_optimizer_and_scheduler(self, checkpoint):

@@ -29,7 +29,9 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def write_run_json(run_dir: Path, args, *, base_model: str, architecture: str, snapshot: dict, eval_sets, eval_spec) -> dict:
+def write_run_json(
+    run_dir: Path, args, *, base_model: str, architecture: str, snapshot: dict, eval_sets, eval_spec
+) -> dict:
     arm = args.resolved_arm()
     info = {
         "arm": arm.name,
@@ -57,6 +59,17 @@ def write_run_json(run_dir: Path, args, *, base_model: str, architecture: str, s
 def update_run_json(run_dir: Path, **fields) -> None:
     path = run_dir / "run.json"
     write_json_atomic(path, {**json.loads(path.read_text()), **fields})
+
+
+def truncate_steps(run_dir: Path, *, after: int) -> None:
+    """On resume from state `after`, drop rows of steps the interrupted run did past its last state."""
+    path = Path(run_dir) / "results" / "steps.jsonl"
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if line.strip()]
+        kept = [r for r in rows if json.loads(r)["step"] <= after]
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text("".join(r + "\n" for r in kept))
+        os.replace(tmp, path)
 
 
 class StepsLog(TrainerCallback):
@@ -91,10 +104,14 @@ class StepsLog(TrainerCallback):
             "logprob_median": trainer.pop_logprob_median(),
             "entropy_mean": logs.get("entropy"),
         }
-        row["seconds"] = {k: round(v, 4) for k, v in row["seconds"].items()}
         ev = self.eval_callback
-        if ev is not None and getattr(ev, "last_step", None) == state.global_step:
+        if ev is not None and ev.last_step == state.global_step:
             row["eval"] = ev.last_summary
+            row["seconds"]["eval"] = ev.last_seconds
+        # Saving runs after this row is written (a state never exists without its row), so a row reports
+        # the save that followed the previous step.
+        row["seconds"]["save"], trainer.last_save_seconds = trainer.last_save_seconds, 0.0
+        row["seconds"] = {k: round(v, 4) for k, v in row["seconds"].items()}
         if state.is_world_process_zero:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a") as f:

@@ -45,17 +45,35 @@ class StateError(Exception):
 class Descriptor:
     dir: Path
     shards: list[dict]  # {"file", "bytes", "sha256", "tensors": [keys]}
+    files: list[dict]  # extra JSON files: {"file", "bytes", "sha256"}
     tensors: dict[str, dict]  # name -> {"dtype", "shape", "parts": [keys]}
     total_bytes: int
 
 
 # --- save -----------------------------------------------------------------------------------------
-def save_state(dir: Path, *, tensors: dict[str, torch.Tensor], meta: dict, shard_bytes: int = SHARD_BYTES) -> Path:
-    """Write `dir` atomically; an existing `dir` is replaced only once the new one is complete."""
+def save_state(
+    dir: Path,
+    *,
+    tensors: dict[str, torch.Tensor],
+    meta: dict,
+    extra_json: dict[str, object] | None = None,
+    shard_bytes: int = SHARD_BYTES,
+) -> Path:
+    """Write `dir` atomically; an existing `dir` is replaced only once the new one is complete.
+
+    `extra_json` = {"trainer_state.json": obj, ...}: more JSON files beside meta.json, listed in
+    descriptor.json with their sha256 and verified like the shards (NaN allowed, as the HF Trainer writes).
+    """
     target = Path(dir)
     if "descriptor_sha256" in meta:
         raise ValueError("meta must not contain 'descriptor_sha256' (save_state writes it)")
     meta_text = json.dumps(meta, sort_keys=True, indent=1, allow_nan=False)  # fail before writing anything
+    extra = {name: json.dumps(obj, indent=1).encode() for name, obj in (extra_json or {}).items()}
+    for name in extra:
+        if not re.fullmatch(r"[\w.-]+\.json", name) or name in ("meta.json", "descriptor.json"):
+            raise ValueError(
+                f"extra_json file name {name!r}: expected a plain *.json name other than meta/descriptor"
+            )
     target.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(target.parent)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
@@ -73,8 +91,11 @@ def save_state(dir: Path, *, tensors: dict[str, torch.Tensor], meta: dict, shard
 
     with ThreadPoolExecutor(min(_WORKERS, 4)) as pool:  # each worker holds one shard's bytes
         entries = list(pool.map(write_shard, range(len(shards))))
+    for name, data in extra.items():
+        _write(tmp / name, data)
+    files = [{"file": n, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in extra.items()]
     descriptor = {"format": FORMAT, "total_bytes": sum(e["bytes"] for e in entries), "shards": entries,
-                  "tensors": index}  # fmt: skip
+                  "files": files, "tensors": index}  # fmt: skip
     descriptor_bytes = json.dumps(descriptor, indent=1).encode()
     _write(tmp / "descriptor.json", descriptor_bytes)
     full_meta = json.loads(meta_text) | {"descriptor_sha256": hashlib.sha256(descriptor_bytes).hexdigest()}
@@ -103,14 +124,17 @@ def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict
             raise ValueError(f"tensor name {name!r} contains '@' (reserved for split tensors)")
         t = tensors[name].detach().cpu().contiguous()
         index[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "parts": []}
-        if t.nbytes <= room or (t.nbytes > shard_bytes and not shards[-1]) or t.numel() == 0:
-            if t.nbytes > room:  # larger than a whole shard and the shard is empty: split below instead
-                pass
-            else:
-                shards[-1][name] = t
-                index[name]["parts"].append(name)
-                room -= t.nbytes
-                continue
+        if t.nbytes <= room:  # whole, in the current shard
+            shards[-1][name] = t
+            index[name]["parts"].append(name)
+            room -= t.nbytes
+            continue
+        if t.nbytes <= shard_bytes:  # whole, in a fresh shard rather than split
+            shards.append({name: t})
+            index[name]["parts"].append(name)
+            room = shard_bytes - t.nbytes
+            continue
+        # larger than a shard: flat pieces filling the current shard and as many more as needed
         flat, start = t.view(-1), 0
         while start < flat.numel():
             if room < t.element_size():
@@ -122,7 +146,7 @@ def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict
             index[name]["parts"].append(key)
             room -= n * t.element_size()
             start += n
-    return [s for s in shards if s] or [{}], index
+    return shards, index
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -161,11 +185,14 @@ def _alive(pid: int) -> bool:
 
 
 # --- verify and load ------------------------------------------------------------------------------
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path, sha256: str | None = None) -> dict:
     if not path.is_file():
         raise StateError(f"{path}: missing")
+    data = path.read_bytes()
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise StateError(f"{path}: sha256 does not match descriptor_sha256 in meta.json (tampered)")
     try:
-        obj = json.loads(path.read_bytes())
+        obj = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise StateError(f"{path}: malformed JSON ({e})") from None
     if not isinstance(obj, dict):
@@ -175,10 +202,10 @@ def _read_json(path: Path) -> dict:
 
 def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
     meta = _read_json(dir / "meta.json")
+    if not isinstance(meta.get("descriptor_sha256"), str):
+        raise StateError(f"{dir / 'meta.json'}: no descriptor_sha256")
     desc_path = dir / "descriptor.json"
-    desc = _read_json(desc_path)
-    if hashlib.sha256(desc_path.read_bytes()).hexdigest() != meta.get("descriptor_sha256"):
-        raise StateError(f"{desc_path}: sha256 does not match descriptor_sha256 in {dir / 'meta.json'} (tampered)")
+    desc = _read_json(desc_path, meta["descriptor_sha256"])
     shards, tensors = desc.get("shards"), desc.get("tensors")
     if desc.get("format") != FORMAT or not isinstance(shards, list) or not isinstance(tensors, dict):
         raise StateError(f"{desc_path}: malformed (format {desc.get('format')!r}, expected {FORMAT!r})")
@@ -186,32 +213,44 @@ def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
     for i, s in enumerate(shards):
         expected = f"shard-{i:05d}-of-{len(shards):05d}.safetensors"
         if not isinstance(s, dict) or s.get("file") != expected:
-            raise StateError(f"{desc_path}: unexpected shard listed at position {i}: {s!r} (expected {expected})")
-        for key in s.get("tensors", []):
+            raise StateError(
+                f"{desc_path}: unexpected shard listed at position {i}: {s!r} (expected {expected})"
+            )
+        if not isinstance(s.get("tensors"), list) or not isinstance(s.get("sha256"), str):
+            raise StateError(f"{desc_path}: malformed entry for {expected}")
+        for key in s["tensors"]:
             if key in owner:
                 raise StateError(f"{desc_path}: tensor {key!r} listed in {owner[key]} and {expected}")
             owner[key] = expected
     for name, t in tensors.items():
-        for key in t.get("parts", []):
+        if not isinstance(t, dict) or not isinstance(t.get("shape"), list) or not t.get("parts"):
+            raise StateError(f"{desc_path}: malformed entry for tensor {name!r}")
+        for key in t["parts"]:
             if key not in owner:
                 raise StateError(f"{desc_path}: tensor {name!r} part {key!r} is in no shard")
     listed = {s["file"] for s in shards}
     for f in sorted(dir.glob("shard-*.safetensors")):
         if f.name not in listed:
             raise StateError(f"{f}: shard file not listed in {desc_path}")
-    for s in shards:
+    files = desc.get("files", [])
+    for f in files if isinstance(files, list) else [None]:
+        if not isinstance(f, dict) or not re.fullmatch(r"[\w.-]+\.json", str(f.get("file"))):
+            raise StateError(f"{desc_path}: malformed 'files' entry {f!r}")
+    for s in shards + files:
         path = dir / s["file"]
         if not path.is_file():
-            raise StateError(f"{path}: missing shard")
+            raise StateError(f"{path}: missing")
         if path.stat().st_size != s.get("bytes"):
-            raise StateError(f"{path}: size {path.stat().st_size} bytes, descriptor.json says {s.get('bytes')}")
+            raise StateError(
+                f"{path}: size {path.stat().st_size} bytes, descriptor.json says {s.get('bytes')}"
+            )
     if hash_shards:
         with ThreadPoolExecutor(_WORKERS) as pool:
-            digests = list(pool.map(_sha256_file, [dir / s["file"] for s in shards]))
-        for s, digest in zip(shards, digests):
+            digests = list(pool.map(_sha256_file, [dir / s["file"] for s in shards + files]))
+        for s, digest in zip(shards + files, digests):
             if digest != s.get("sha256"):
-                raise StateError(f"{dir / s['file']}: sha256 mismatch (corrupted shard)")
-    return Descriptor(dir, shards, tensors, int(desc.get("total_bytes", 0)))
+                raise StateError(f"{dir / s['file']}: sha256 mismatch (corrupted)")
+    return Descriptor(dir, shards, files, tensors, int(desc.get("total_bytes", 0)))
 
 
 def _sha256_file(path: Path) -> str:
@@ -233,18 +272,24 @@ def load_state(dir: Path, *, expect: dict | None = None) -> tuple[dict[str, torc
     meta = _read_json(dir / "meta.json")
     for field, value in (expect or {}).items():
         if meta.get(field) != value:
-            raise StateError(f"{dir / 'meta.json'}: field {field!r} is {meta.get(field)!r}, expected {value!r}")
+            raise StateError(
+                f"{dir / 'meta.json'}: field {field!r} is {meta.get(field)!r}, expected {value!r}"
+            )
     desc = verify_state(dir)
     pieces: dict[str, torch.Tensor] = {}
     for s in desc.shards:
         loaded = safetensors.torch.load_file(dir / s["file"])
         if sorted(loaded) != sorted(s["tensors"]):
-            raise StateError(f"{dir / s['file']}: holds tensors {sorted(loaded)}, descriptor.json lists {s['tensors']}")
+            raise StateError(
+                f"{dir / s['file']}: holds tensors {sorted(loaded)}, descriptor.json lists {s['tensors']}"
+            )
         pieces |= loaded
     tensors = {}
     for name, t in desc.tensors.items():
         parts = [pieces.pop(k) for k in t["parts"]]
-        whole = parts[0] if len(parts) == 1 and t["parts"] == [name] else torch.cat([p.view(-1) for p in parts])
+        whole = (
+            parts[0] if len(parts) == 1 and t["parts"] == [name] else torch.cat([p.view(-1) for p in parts])
+        )
         if whole.numel() != math.prod(t["shape"]) or str(whole.dtype).removeprefix("torch.") != t["dtype"]:
             raise StateError(f"{dir / 'descriptor.json'}: tensor {name!r} does not match its dtype/shape")
         tensors[name] = whole.view(t["shape"])
@@ -253,7 +298,9 @@ def load_state(dir: Path, *, expect: dict | None = None) -> tuple[dict[str, torc
 
 def latest_state(run_dir: Path) -> Path | None:
     """Highest `stateNNN/` passing a structural check (JSON, descriptor hash, shard sizes); None if none."""
-    found = sorted((int(m[1]), d) for d in Path(run_dir).glob("state*") if (m := _STATE_DIR.fullmatch(d.name)))
+    found = sorted(
+        (int(m[1]), d) for d in Path(run_dir).glob("state*") if (m := _STATE_DIR.fullmatch(d.name))
+    )
     for _, d in reversed(found):
         try:
             _descriptor(d, hash_shards=False)
@@ -270,8 +317,13 @@ def capture_rng_state() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": {"kind": kind, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
-                  "cached_gaussian": float(cached)},  # fmt: skip
+        "numpy": {
+            "kind": kind,
+            "keys": keys.tolist(),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },  # fmt: skip
         "torch": _b64(torch.get_rng_state()),
         "cuda": [_b64(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
     }
@@ -280,7 +332,9 @@ def capture_rng_state() -> dict:
 def restore_rng_state(d: dict) -> None:
     cuda = d["cuda"]
     if cuda and len(cuda) != (torch.cuda.device_count() if torch.cuda.is_available() else 0):
-        raise ValueError(f"RNG state has {len(cuda)} CUDA devices, this process sees {torch.cuda.device_count()}")
+        raise ValueError(
+            f"RNG state has {len(cuda)} CUDA devices, this process sees {torch.cuda.device_count()}"
+        )
     py, npy = d["python"], d["numpy"]
     random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
     np.random.set_state((npy["kind"], np.array(npy["keys"], dtype=np.uint32), npy["pos"], npy["has_gauss"],

@@ -15,11 +15,11 @@ from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
 from data.sampler import TaskSampler
 from data.snapshot import load_snapshot, snapshot_sha256
 from rewards.grader import GraderPool
-from trainer.checkpoint import CheckpointCallback, resume_state_dir
+from trainer.checkpoint import CheckpointCallback, load_resume_state
 from trainer.config import CapGRPOConfig
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.grpo import CapGRPOTrainer
-from trainer.run_dir import StepsLog, write_run_json
+from trainer.run_dir import StepsLog, truncate_steps, write_run_json
 
 
 def load_base_model(path: str, dtype: str | None = None):
@@ -37,7 +37,9 @@ def load_base_model(path: str, dtype: str | None = None):
 
 def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=()) -> CapGRPOTrainer:
     run_dir = Path(args.output_dir)
-    state_dir = resume_state_dir(Path(args.resume), args) if args.resume else None  # verified before loading
+    resume = (
+        load_resume_state(Path(args.resume), args) if args.resume else None
+    )  # verified before any loading
 
     tasks_ds = load_snapshot(args.snapshot_path, expected_sha256=args.snapshot_sha256)
     tasks = {row["id"]: row for row in tasks_ds}
@@ -83,13 +85,18 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         spec,
         eval_every=args.eval_every,
         tokenizer=tokenizer,
-        grader=grader,
+        grade_fn=grader.grade_batch,
+        log_fn=trainer.log_eval_metrics,
     )
     # Order matters: train time is closed, then evaluation runs, then the step's row, then saving.
     trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb))
     trainer.add_callback(eval_cb)
     trainer.add_callback(CheckpointCallback(trainer, run_dir))
-    trainer.resume_state = state_dir
+    if resume is not None:
+        trainer.resume_state, trainer._resume = resume[0], resume[1:]
+        truncate_steps(run_dir, after=trainer._resume[1]["step"])
+    else:
+        trainer.resume_state = None
     return trainer
 
 

@@ -1,0 +1,158 @@
+"""Upload a run, or chosen checkpoints of it, to one Hub model repo with the run directory's layout (SPEC §8).
+
+    python -m cards.push runs/S2 --repo org/capgrpo-s2 [--steps 10,20] [--states] [--revision main] [--dry-run]
+
+The repo gets `README.md` (run card), `run.json`, `results/`, the chosen `stepNNN/` (each with its card) and,
+with --states, their `stateNNN/`. Cards are regenerated first, with loading snippets that point at the repo.
+
+Upload method: `HfApi.upload_folder` with `allow_patterns` set to exactly the planned files. The installed
+huggingface_hub (2.x) has no `upload_large_folder`; its `upload_folder` streams files through hf_xet,
+splits a large folder into several commits and resumes an interrupted upload when re-run, which is what
+`upload_large_folder` was for, and it takes a commit message, so the repo history says what each push was.
+
+The token comes from `huggingface_hub.get_token()` (HF_TOKEN, else the Hub login) and is only ever passed to
+the Hub client: never printed, logged or written.
+"""
+
+import argparse
+import glob
+import logging
+from pathlib import Path
+from typing import NamedTuple
+
+from huggingface_hub import HfApi, get_token
+from huggingface_hub.utils import validate_repo_id
+
+from cards.card import Run, parse_steps, write_cards
+
+logger = logging.getLogger(__name__)
+
+ROOT_FILES = ("README.md", "run.json")
+NEVER = (".gitattributes",)  # a nested one would change how the Hub stores that subtree (the seed's bug)
+
+
+class PlanItem(NamedTuple):
+    local_path: Path
+    path_in_repo: str
+
+
+def _files(run_dir: Path, sub: str) -> list[PlanItem]:
+    return [
+        PlanItem(p, p.relative_to(run_dir).as_posix())
+        for p in sorted((run_dir / sub).rglob("*"))
+        if p.is_file() and p.name not in NEVER
+    ]
+
+
+def plan_push(
+    run_dir: Path | str,
+    repo_id: str,
+    *,
+    steps: list[int] | None = None,
+    states: bool = False,
+    revision: str = "main",
+) -> list[PlanItem]:
+    """Every file the push uploads and its path in the repo (the run directory's own layout)."""
+    validate_repo_id(repo_id)
+    if not revision:
+        raise ValueError("revision must be a branch name, e.g. main")
+    run = Run(run_dir)
+    chosen = run.saved if steps is None else sorted(steps)
+    if missing := [s for s in chosen if s not in run.saved]:
+        raise FileNotFoundError(f"{run.dir}: no step{missing[0]:03d}/ (checkpoints: {run.saved})")
+    state_steps = (run.states if steps is None else chosen) if states else []
+    if missing := [s for s in state_steps if s not in run.states]:
+        raise FileNotFoundError(f"{run.dir}: no state{missing[0]:03d}/ (optimizer states: {run.states})")
+    for name in ROOT_FILES:
+        if not (run.dir / name).is_file():
+            raise FileNotFoundError(f"{run.dir / name}: missing (run `python -m cards.card {run.dir}` first)")
+    plan = [PlanItem(run.dir / name, name) for name in ROOT_FILES] + _files(run.dir, "results")
+    for s in chosen:
+        plan += _files(run.dir, f"step{s:03d}")
+    for s in state_steps:
+        plan += _files(run.dir, f"state{s:03d}")
+    return plan
+
+
+def _commit_message(run: Run, plan: list[PlanItem]) -> str:
+    dirs = {item.path_in_repo.split("/")[0] for item in plan if "/" in item.path_in_repo} - {"results"}
+    dirs = sorted(dirs, key=lambda d: (d.startswith("state"), d))  # checkpoints, then optimizer states
+    return f"capgrpo {run.arm}: run card, run.json, results/" + "".join(f", {d}/" for d in dirs)
+
+
+def format_plan(repo_id: str, revision: str, commit_message: str, plan: list[PlanItem]) -> str:
+    total = sum(item.local_path.stat().st_size for item in plan)
+    lines = [f"repo: {repo_id} (model)", f"revision: {revision}", f"commit message: {commit_message}"]
+    lines += [f"{i.local_path} -> {i.path_in_repo} ({i.local_path.stat().st_size:,} bytes)" for i in plan]
+    lines.append(f"{len(plan)} files, {total:,} bytes in total")
+    return "\n".join(lines)
+
+
+def push(
+    run_dir: Path | str,
+    repo_id: str,
+    *,
+    steps: list[int] | None = None,
+    states: bool = False,
+    revision: str = "main",
+    private: bool = False,
+    dry_run: bool = False,
+    control: Path | str | None = None,
+    api: HfApi | None = None,
+) -> list[PlanItem]:
+    """Regenerate the cards, print the plan, then (unless dry_run) create the repo and upload the plan."""
+    validate_repo_id(repo_id)
+    write_cards(run_dir, control, steps=steps, repo_id=repo_id)  # what lands on the Hub is current
+    plan = plan_push(run_dir, repo_id, steps=steps, states=states, revision=revision)
+    message = _commit_message(Run(run_dir), plan)
+    print(("DRY RUN, nothing uploaded\n" if dry_run else "") + format_plan(repo_id, revision, message, plan))
+    if dry_run:
+        return plan
+    token = get_token()
+    if not token:
+        raise RuntimeError("no Hugging Face token: set HF_TOKEN or log in with `hf auth login`")
+    api = api or HfApi()
+    api.create_repo(repo_id, token=token, private=private, repo_type="model", exist_ok=True)
+    if revision != "main":
+        api.create_branch(repo_id, branch=revision, token=token, repo_type="model", exist_ok=True)
+    logger.info("uploading %d files to %s@%s", len(plan), repo_id, revision)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=Path(run_dir),
+        repo_type="model",
+        revision=revision,
+        allow_patterns=[glob.escape(item.path_in_repo) for item in plan],  # exactly the plan, nothing else
+        commit_message=message,
+        token=token,
+    )
+    print(f"pushed: {info.commit_url}")
+    return plan
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="Upload a run (or chosen checkpoints) to one Hub model repo."
+    )
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--repo", required=True, help="Hub repo id, org/name")
+    parser.add_argument("--steps", help="only these checkpoints, e.g. 10,20 (default: every stepNNN/)")
+    parser.add_argument("--states", action="store_true", help="also the stateNNN/ of those steps")
+    parser.add_argument("--revision", default="main", help="branch to push to (created if missing)")
+    parser.add_argument("--private", action="store_true", help="create the repo private")
+    parser.add_argument("--control", type=Path, help="control run for the run card's paired comparison")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan; no Hub calls")
+    args = parser.parse_args(argv)
+    push(
+        args.run_dir,
+        args.repo,
+        steps=parse_steps(args.steps),
+        states=args.states,
+        revision=args.revision,
+        private=args.private,
+        dry_run=args.dry_run,
+        control=args.control,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""Generated model cards: metadata parsed back with huggingface_hub, numbers checked against the eval rows."""
+
+import json
+import random
+import re
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from cards.card import CardCallback, main, scrub_checkpoint_dir, write_checkpoint_card, write_run_card
+from trainer.arms import ARMS
+
+OUTCOMES = ["correct", "wrong", "truncated", "format_rejected", "indeterminate"]
+FIXED = [f"math-fixed{i:07d}" for i in range(4)]
+HELDOUT = [f"math-held{i:08d}" for i in range(40)]
+ARCH = "Qwen3_5ForConditionalGeneration"
+
+
+def _eval_rows(rng: random.Random, step: int, cap: int, skill: float) -> list[dict]:
+    rows = []
+    for name, ids, samples in (("fixed32", FIXED, 2), ("heldout300", HELDOUT, 1)):
+        for t, task in enumerate(ids):
+            for i in range(samples):
+                outcome = "correct" if rng.random() < skill else rng.choice(OUTCOMES[1:])
+                rows.append(
+                    {"step": step, "set": name, "task_id": task, "sample": i, "seed": 1000 * t + i,
+                     "outcome": outcome, "answer": "1", "reference": "1",
+                     "completion_tokens": rng.randint(10, cap), "cap": cap, "completion": "..."}
+                )  # fmt: skip
+    return rows
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_run(
+    root: Path,
+    arm: str = "S2",
+    *,
+    seed: int = 0,
+    evals: dict[int, float] | None = None,
+    saved=(2, 4, 5, 6),
+    states=(5, 6),
+) -> Path:
+    """A small fake run directory in the CONTRACTS.md format; weights are a stub (cards never load them)."""
+    rng = random.Random(seed)
+    run = root / arm
+    (run / "results").mkdir(parents=True)
+    policy = ARMS[arm].policy
+    meta = {
+        "arm": arm, "policy_id": policy.id, "gate": policy.gate, "groups_per_step": 32, "num_generations": 8,
+        "grader_version": "capgrpo-grader-v1+math-verify-0.9.0",
+        "snapshot": {"path": "artifacts/synthetic.tasks.json", "sha256": "ab" * 32},
+        "base_model": str(root / "tiny-base"), "architecture": ARCH,
+        "eval_sets": {"fixed32": FIXED, "heldout300": HELDOUT},
+        "eval": {"cap": 64, "temperature": 1.0, "top_p": 1.0, "seed": 1234,
+                 "samples": {"fixed32": 2, "heldout300": 1}},
+        "config": {"seed": 42, "learning_rate": 1e-6},
+        "versions": {"torch": "2.13.0", "transformers": "5.24.0", "trl": "1.16.0"},
+        "best_step": {"set": "heldout300", "step": 4, "accuracy": 0.5},
+    }  # fmt: skip
+    (run / "run.json").write_text(json.dumps(meta))
+    steps = [
+        {"step": s, "arm": arm, "policy_id": policy.id, "gate": policy.gate, "loss": 0.01,
+         "groups": {"sampled": 40, "qualified": 32, "trained": 32, "rounds": 2, "bound_hit": s == 3},
+         "gate_stat": 0.05 * s, "logprob_median": -0.25 + 0.01 * s,
+         "completion_length": {"median": 30, "mean": 31.0, "max": 64}}
+        for s in range(1, 7)
+    ]  # fmt: skip
+    _write_jsonl(run / "results" / "steps.jsonl", steps)
+    for step, skill in (evals or {0: 0.3, 2: 0.5, 4: 0.85, 6: 0.45}).items():
+        _write_jsonl(run / "results" / f"eval_step{step:03d}.jsonl", _eval_rows(rng, step, 64, skill))
+    _write_jsonl(run / "results" / "eval_step004_cap128.jsonl", _eval_rows(rng, 4, 128, 0.8))
+    for s in saved:
+        d = run / f"step{s:03d}"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"architectures": [ARCH], "model_type": "qwen3_5"}))
+        (d / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    for s in states:
+        (run / f"state{s:03d}").mkdir()
+        (run / f"state{s:03d}" / "meta.json").write_text(json.dumps({"step": s}))
+    return run
+
+
+# --- independent expectations, from the rows alone --------------------------------------------------
+def rows_of(run: Path, step: int, cap: str = "") -> list[dict]:
+    path = run / "results" / f"eval_step{step:03d}{cap}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def accuracy(rows: list[dict], name: str) -> float:
+    graded = [r for r in rows if r["set"] == name and r["outcome"] != "indeterminate"]
+    return sum(r["outcome"] == "correct" for r in graded) / len(graded)
+
+
+def metrics(card: ModelCard) -> dict[tuple[str, str], float]:
+    return {(e.dataset_name, e.dataset_config): e.metric_value for e in card.data.eval_results}
+
+
+@pytest.fixture
+def run(tmp_path):
+    return make_run(tmp_path)
+
+
+def test_checkpoint_card_metadata_and_numbers_match_the_eval_rows(run):
+    card = ModelCard.load(write_checkpoint_card(run, 4))
+    rows = rows_of(run, 4)
+    assert card.data.library_name == "transformers"
+    assert {"trl", "grpo", "capgrpo", "arm-S2", ARMS["S2"].policy_id, "gate-v1"} <= set(card.data.tags)
+    assert card.data.base_model is None  # a local base dir is no Hub id
+    assert {e.task_type for e in card.data.eval_results} == {"text-generation"}
+    assert {e.metric_type for e in card.data.eval_results} == {"accuracy"}
+    assert metrics(card) == {
+        ("fixed32", "cap64"): round(accuracy(rows, "fixed32"), 4),
+        ("heldout300", "cap64"): round(accuracy(rows, "heldout300"), 4),
+        ("fixed32", "cap128"): round(accuracy(rows_of(run, 4, "_cap128"), "fixed32"), 4),
+        ("heldout300", "cap128"): round(accuracy(rows_of(run, 4, "_cap128"), "heldout300"), 4),
+    }
+    held = [r for r in rows if r["set"] == "heldout300"]
+    counts = Counter(r["outcome"] for r in held)
+    graded = len(held) - counts["indeterminate"]
+    assert f"**{100 * accuracy(rows, 'heldout300'):.1f}%** | {counts['correct']} / {graded}" in card.text
+    assert f"{counts['truncated']} ({100 * counts['truncated'] / graded:.1f}%)" in card.text
+
+
+def test_checkpoint_rank_follows_heldout_accuracy(run):
+    acc = {s: accuracy(rows_of(run, s), "heldout300") for s in (2, 4, 6)}  # step005 saved, not evaluated
+    order = sorted(acc, key=lambda s: (-acc[s], s))
+    for place, step in enumerate(order, 1):
+        text = ModelCard.load(write_checkpoint_card(run, step)).text
+        if place == 1:
+            assert "**This is the best held-out checkpoint of the run**" in text
+        else:
+            assert f"ranks {place} of 3 evaluated saved" in text
+            assert f"best: `step{order[0]:03d}/`, {100 * acc[order[0]]:.1f}%" in text
+
+
+def test_unevaluated_checkpoint_says_so_and_points_at_its_state(run):
+    card = ModelCard.load(write_checkpoint_card(run, 5))
+    assert card.data.eval_results is None and "model-index" not in card.content
+    assert "Step 5 was not evaluated (there is no `results/eval_step005.jsonl`)" in card.text
+    assert "`state005/` holds the optimizer state" in card.text
+    older = "<dir with step005/ and state005/>"  # state006/ is newer, and --resume takes the newest
+    assert f"make train ARM=S2 RECIPE=<recipe.yaml> RESUME={older}" in card.text
+    assert f"python -m trainer.train --config <recipe.yaml> --resume {older}" in card.text
+    newest = ModelCard.load(write_checkpoint_card(run, 6)).text
+    assert "It is the newest state of the run, so:" in newest
+    assert f"--resume {run}\n" in newest
+
+
+def test_checkpoint_without_state_names_the_resumable_steps(run):
+    text = ModelCard.load(write_checkpoint_card(run, 2)).text
+    assert "there is no `state002/`" in text
+    assert "Exact resume is possible from steps 5, 6" in text
+    assert "the run directory resumes from step 6" in text and f"RESUME={run}\n" in text
+
+
+def test_checkpoint_loading_uses_the_architecture_class_and_the_hub_subfolder(run):
+    text = ModelCard.load(write_checkpoint_card(run, 4, repo_id="org/capgrpo-s2")).text
+    assert f'{ARCH}.from_pretrained("org/capgrpo-s2", subfolder="step004"' in text
+    assert 'snapshot_download("org/capgrpo-s2", allow_patterns=["step004/*"])' in text
+    local = ModelCard.load(write_checkpoint_card(run, 4)).text
+    assert f'vllm.LLM(model="{run / "step004"}"' in local
+
+
+@pytest.mark.parametrize(
+    ("arm", "expected"),
+    [
+        ("S0", ["This is the control arm"]),
+        ("S2", ["active (reward 0) in the loss instead of masked"]),
+        ("S4", ["active (reward 0) in the loss instead of masked", "Qualification gate v2 instead of v1"]),
+    ],
+)
+def test_changes_from_the_control_follow_the_policy_table(tmp_path, arm, expected):
+    text = ModelCard.load(write_checkpoint_card(make_run(tmp_path, arm), 4)).text
+    for phrase in expected:
+        assert phrase in text
+    if arm == "S2":
+        assert "Qualification gate" not in text
+
+
+def test_run_card_sections_and_best_checkpoint(run):
+    card = ModelCard.load(write_run_card(run))
+    acc = {s: accuracy(rows_of(run, s), "heldout300") for s in (2, 4, 6)}
+    best = max(acc, key=lambda s: (acc[s], -s))
+    for section in (
+        "## Recipe",
+        "## Results (64 cap; fixed32 × 2 samples, heldout300 × 1 sample",
+        "## Limits",
+    ):
+        assert section in card.text
+    assert f"Best held-out checkpoint: `step{best:03d}/`, heldout300 {100 * acc[best]:.1f}%" in card.text
+    assert "`step002/`, `step004/`, `step005/`, `step006/`" in card.text
+    assert "`state005/`, `state006/`" in card.text
+    assert "1 step(s) hit the sampling-round bound" in card.text
+    assert metrics(card)[("heldout300", "cap64")] == round(acc[best], 4)
+
+
+def paired_heldout(rows_a: list[dict], rows_b: list[dict]) -> tuple[list[float], Counter]:
+    """heldout300 A − B per problem in pp (one sample each; indeterminate in either drops it) and B → A changes."""
+    b = {r["task_id"]: r["outcome"] for r in rows_b if r["set"] == "heldout300"}
+    pairs = [(b[r["task_id"]], r["outcome"]) for r in rows_a if r["set"] == "heldout300"]
+    diffs = [
+        100.0 * ((oa == "correct") - (ob == "correct")) for ob, oa in pairs if "indeterminate" not in (ob, oa)
+    ]
+    return diffs, Counter((ob, oa) for ob, oa in pairs if ob != oa)
+
+
+def test_run_card_against_a_control_reports_paired_differences(tmp_path):
+    from analysis.stats import sign_flip_test
+
+    s2 = make_run(tmp_path / "a", "S2", seed=1)
+    s0 = make_run(tmp_path / "b", "S0", seed=2, evals={0: 0.3, 3: 0.4})
+    text = ModelCard.load(write_run_card(s2, control=s0)).text
+    diffs, changes = paired_heldout(rows_of(s2, 6), rows_of(s0, 3))
+    expected = sign_flip_test(diffs, n_resamples=100_000, seed=0)
+    line = re.search(
+        r"S2 \(step 6\) − S0 \(step 3\): heldout300 ([+-][\d.]+) pp \(p=([\d.e-]+), n=(\d+)", text
+    )
+    assert line, text
+    assert float(line[1]) == pytest.approx(expected.mean_diff, abs=0.05)
+    assert int(line[3]) == expected.n
+    assert float(line[2]) == pytest.approx(expected.p_value, rel=0.05)
+    assert "S2 (step 6) − S0 (step 3): fixed32" in text
+    assert f"truncated → correct: {changes['truncated', 'correct']}" in text
+
+
+def test_run_card_reports_the_decline_from_the_peak(run):
+    acc = {s: accuracy(rows_of(run, s), "heldout300") for s in (0, 2, 4, 6)}
+    peak = max(acc, key=lambda s: (acc[s], -s))
+    assert peak != 6  # the fixture's skills rise to step 4, then fall
+    diffs, _ = paired_heldout(rows_of(run, 6), rows_of(run, peak))
+    mean = sum(diffs) / len(diffs)
+    text = ModelCard.load(write_run_card(run)).text
+    assert f"heldout300 changes from its step-{peak} peak to step 6 by {mean:+.1f} pp" in text
+    assert f"n={len(diffs)}, paired by problem" in text
+
+
+def test_base_model_readme_and_gitattributes_never_land_in_a_checkpoint(run, tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "README.md").write_text("---\nlicense: mit\n---\n# The base model's own card\n")
+    (base / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    ckpt = run / "step004"
+    for name in ("README.md", ".gitattributes"):  # what the seed's save routine did
+        (ckpt / name).write_bytes((base / name).read_bytes())
+    (ckpt / "README.copy.md").write_bytes((base / "README.md").read_bytes())
+    scrub_checkpoint_dir(ckpt, base)
+    assert not (ckpt / ".gitattributes").exists() and not (ckpt / "README.copy.md").exists()
+    card = ModelCard.load(ckpt / "README.md")
+    assert "The base model's own card" not in card.text and card.data.license is None
+    assert "# capgrpo-S2-step004" in card.text
+    assert {p.name for p in ckpt.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+
+
+def test_card_callback_writes_the_saved_step_and_the_run_card(run):
+    state = TrainerState(global_step=5)
+    args = TrainingArguments(output_dir=str(run), report_to=[])
+    CardCallback(run).on_save(args, state, TrainerControl())
+    assert "# capgrpo-S2-step005" in (run / "step005" / "README.md").read_text()
+    assert ModelCard.load(run / "README.md").data.model_name == "capgrpo-S2"
+
+
+def test_cli_regenerates_chosen_cards_and_rejects_bad_input(run, capsys):
+    main([str(run), "--steps", "2,4"])
+    assert (run / "step002" / "README.md").is_file() and (run / "step004" / "README.md").is_file()
+    assert not (run / "step006" / "README.md").exists() and (run / "README.md").is_file()
+    with pytest.raises(FileNotFoundError, match="step003"):
+        main([str(run), "--steps", "3"])
+    (run / "results" / "eval_step002.jsonl").write_text('{"step": 2, "set": "fixed32"}\n')
+    with pytest.raises(ValueError, match=r"eval_step002\.jsonl:1: missing field"):
+        main([str(run)])

@@ -1,0 +1,175 @@
+"""CPUAdamW against torch.optim.AdamW, bitwise: the same elementwise kernels run in the same order on the
+same fp32 values (chunking only regroups elements), so any difference at all is a bug."""
+
+import copy
+import io
+
+import pytest
+import torch
+
+from trainer.cpu_adamw import CPUAdamW
+from trainer.state_shard import load_state, save_state
+
+HYPER = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6)
+
+
+def make_model(dtype=torch.float32, device="cpu"):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(37, 300), torch.nn.ReLU(), torch.nn.Linear(300, 101), torch.nn.Linear(101, 3)
+    ).to(dtype=dtype, device=device)
+
+
+def groups(model, named=True):
+    """Two groups, as the HF Trainer builds them: weights with decay, biases without."""
+    pairs = list(model.named_parameters())
+    pick = [lambda n: n.endswith("weight"), lambda n: not n.endswith("weight")]
+    return [
+        {"params": [(n, p) if named else p for n, p in pairs if f(n)], "weight_decay": wd}
+        for f, wd in zip(pick, (0.1, 0.0))
+    ]
+
+
+def backward(model, step):
+    model.zero_grad(set_to_none=True)
+    x = torch.randn(16, 37, generator=torch.Generator().manual_seed(step)).to(next(model.parameters()).dtype)
+    model(x.to(next(model.parameters()).device)).float().square().mean().backward()
+    if step == 2:
+        model[0].bias.grad = None  # skipped this step: no decay, no moment update, its step count lags
+
+
+def run(model, opt, steps, resume=None):
+    """`resume` = (tensors, meta) from a save, loaded in the HF Trainer's order: scheduler, optimizer, scheduler state."""
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+    if resume:
+        opt.import_state(resume[0], resume[1]["optimizer"])
+        sched.load_state_dict(resume[1]["scheduler"])
+    for step in range(sched.last_epoch, sched.last_epoch + steps):
+        backward(model, step)
+        opt.step()
+        sched.step()
+    return sched
+
+
+@pytest.mark.parametrize("chunk_elems", [2**18, 4099])  # 4099: odd, splits params and batches across chunks
+def test_matches_torch_adamw_bitwise(chunk_elems):
+    ref_model, model = make_model(), make_model()
+    ref = torch.optim.AdamW(groups(ref_model, named=False), **HYPER)
+    opt = CPUAdamW(groups(model), **HYPER, chunk_elems=chunk_elems)
+    ref_sched = torch.optim.lr_scheduler.LambdaLR(ref, lambda s: 1 / (1 + s))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
+    for step in range(5):
+        for m, o, s in ((ref_model, ref, ref_sched), (model, opt, sched)):
+            backward(m, step)
+            o.step()
+            s.step()
+        for p_ref, p in zip(ref_model.parameters(), model.parameters()):
+            assert torch.equal(p_ref, p), f"step {step}"
+            assert torch.equal(ref.state[p_ref]["exp_avg"], opt.state[p]["exp_avg"])
+            assert torch.equal(ref.state[p_ref]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+            assert ref.state[p_ref]["step"].item() == opt.state[p]["step"]
+    assert opt.state[model[0].bias]["step"] == 4 and opt.state[model[0].weight]["step"] == 5
+
+
+def test_bf16_model_holds_the_cast_fp32_masters():
+    model = make_model(torch.bfloat16)
+    shadow_model = copy.deepcopy(model).float()
+    shadow = list(shadow_model.parameters())
+    opt = CPUAdamW(groups(model), **HYPER)
+    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER)
+    for step in range(3):
+        backward(model, step)
+        for s, p in zip(shadow, model.parameters()):
+            s.grad = None if p.grad is None else p.grad.float()
+        opt.step()
+        ref.step()
+    for s, p in zip(shadow, model.parameters()):
+        master = opt.state[p]["master"]
+        assert master.dtype == torch.float32 and master.device.type == "cpu"
+        assert torch.equal(master, s)  # the fp32 trajectory AdamW would take from the bf16 grads
+        assert torch.equal(p, master.to(torch.bfloat16))
+    assert any(not torch.equal(s, s.to(torch.bfloat16).float()) for s in shadow)  # masters hold more bits
+
+
+def test_export_import_resumes_exactly_through_state_shards(tmp_path):
+    straight = make_model()
+    run(straight, CPUAdamW(groups(straight), **HYPER), 5)
+
+    first = make_model()
+    opt = CPUAdamW(groups(first), **HYPER)
+    sched = run(first, opt, 3)
+    tensors, meta = opt.export_state()
+    assert all(t.dtype == torch.float32 for t in tensors.values())
+    meta = {"optimizer": meta, "scheduler": sched.state_dict()}
+    save_state(tmp_path / "state003", tensors=tensors, meta=meta, shard_bytes=50_000)
+
+    resumed = make_model()
+    with torch.no_grad():
+        for p in resumed.parameters():
+            p.zero_()  # import_state must restore the weights from the masters
+    opt2 = CPUAdamW(groups(resumed), **HYPER)
+    run(resumed, opt2, 2, resume=load_state(tmp_path / "state003"))
+    for p, q in zip(straight.parameters(), resumed.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_import_refuses_mismatched_state():
+    model = make_model()
+    opt = CPUAdamW(groups(model), **HYPER)
+    run(model, opt, 1)
+    tensors, meta = opt.export_state()
+    bad = dict(tensors)
+    bad["exp_avg/0.weight"] = torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"exp_avg/0\.weight"):
+        opt.import_state(bad, meta)
+    del bad["exp_avg/0.weight"]
+    with pytest.raises(ValueError, match=r"exp_avg/0\.weight.*missing"):
+        opt.import_state(bad, meta)
+    renamed = {
+        **meta,
+        "param_groups": [{**meta["param_groups"][0], "param_names": ["x"]}, meta["param_groups"][1]],
+    }
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\.param_names"):
+        opt.import_state(tensors, renamed)
+    with pytest.raises(ValueError, match="format"):
+        opt.import_state(tensors, {**meta, "format": "other"})
+
+
+def test_needs_named_parameters():
+    with pytest.raises(ValueError, match="named parameters"):
+        CPUAdamW(make_model().parameters())
+
+
+def test_state_dict_round_trips_through_torch_save_weights_only():
+    model = make_model()
+    opt = CPUAdamW(groups(model), **HYPER)
+    assert opt.state_dict() == {"tensors": {}, "meta": {}}  # lazy: accelerate's prepare() moves nothing
+    run(model, opt, 2)
+    buf = io.BytesIO()
+    torch.save(opt.state_dict(), buf)
+    buf.seek(0)
+    other = make_model()
+    opt2 = CPUAdamW(groups(other), **HYPER)
+    opt2.load_state_dict(torch.load(buf, weights_only=True))
+    for p, q in zip(model.parameters(), other.parameters()):
+        assert torch.equal(p, q)
+        assert torch.equal(opt.state[p]["exp_avg_sq"], opt2.state[q]["exp_avg_sq"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_params_with_host_state():
+    model = make_model(torch.bfloat16, "cuda")
+    shadow_model = copy.deepcopy(model).float().cpu()
+    shadow = list(shadow_model.parameters())
+    opt = CPUAdamW(groups(model), **HYPER, chunk_elems=4099)
+    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER)
+    for step in range(3):
+        backward(model, step)
+        for s, p in zip(shadow, model.parameters()):
+            s.grad = None if p.grad is None else p.grad.float().cpu()
+        opt.step()
+        ref.step()
+    for s, p in zip(shadow, model.parameters()):
+        assert opt.state[p]["master"].device.type == "cpu" and p.device.type == "cuda"
+        assert torch.equal(opt.state[p]["master"], s)
+        assert torch.equal(p.cpu(), s.to(torch.bfloat16))

@@ -1,0 +1,124 @@
+"""Hub push without network: the Hub client is an autospec of HfApi, so calls are checked against its signatures."""
+
+import logging
+from unittest.mock import create_autospec
+
+import pytest
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.utils import filter_repo_objects
+from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS
+from test_cards import make_run
+
+from cards.card import write_cards
+from cards.push import main, plan_push, push
+
+TOKEN = "hf_capgrpoTESTtokenNEVERprinted0123456789"
+REPO = "org/capgrpo-s2"
+
+
+@pytest.fixture
+def run(tmp_path):
+    run = make_run(tmp_path)
+    (run / "README.md").write_text("stale")  # push regenerates every card before planning
+    return run
+
+
+@pytest.fixture
+def api(monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    fake = create_autospec(HfApi, instance=True)
+    fake.upload_folder.return_value.commit_url = f"https://huggingface.co/{REPO}/commit/abc"
+    return fake
+
+
+def expected_paths(run, steps, states):
+    """The repo paths a push must upload, listed independently from the directory tree."""
+    paths = {"README.md", "run.json"}
+    paths |= {p.relative_to(run).as_posix() for p in (run / "results").iterdir()}
+    for s in steps:
+        paths |= {f"step{s:03d}/{f}" for f in ("README.md", "config.json", "model.safetensors")}
+    for s in states:
+        paths.add(f"state{s:03d}/meta.json")
+    return paths
+
+
+def uploaded_paths(run, upload_kwargs):
+    """What upload_folder would pick from the folder with these arguments, by huggingface_hub's own filter."""
+    files = [p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()]
+    ignore = [*(upload_kwargs.get("ignore_patterns") or []), *DEFAULT_IGNORE_PATTERNS]
+    return set(
+        filter_repo_objects(files, allow_patterns=upload_kwargs["allow_patterns"], ignore_patterns=ignore)
+    )
+
+
+def test_plan_keeps_the_layout_and_honours_steps_and_states(run):
+    write_cards(run)
+    (run / "step005" / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    plan = plan_push(run, REPO, steps=[5, 6], states=True)
+    assert {item.path_in_repo for item in plan} == expected_paths(run, [5, 6], [5, 6])
+    assert all(item.local_path == run / item.path_in_repo for item in plan)
+    everything = plan_push(run, REPO)
+    assert {i.path_in_repo for i in everything} == expected_paths(run, [2, 4, 5, 6], [])
+    with pytest.raises(FileNotFoundError, match="step003"):
+        plan_push(run, REPO, steps=[3])
+    with pytest.raises(FileNotFoundError, match="state004"):
+        plan_push(run, REPO, steps=[4], states=True)  # state004/ was never kept
+    with pytest.raises(ValueError):
+        plan_push(run, "not a repo id")
+
+
+def test_push_uploads_exactly_the_plan_to_the_repo_and_revision(run, api):
+    plan = push(run, REPO, steps=[5, 6], states=True, revision="exp019", private=True, api=api)
+    token = {"token": TOKEN, "repo_type": "model"}
+    api.create_repo.assert_called_once_with(REPO, private=True, exist_ok=True, **token)
+    api.create_branch.assert_called_once_with(REPO, branch="exp019", exist_ok=True, **token)
+    kwargs = api.upload_folder.call_args.kwargs
+    assert api.upload_folder.call_count == 1
+    assert (kwargs["repo_id"], kwargs["revision"], kwargs["folder_path"]) == (REPO, "exp019", run)
+    assert (kwargs["repo_type"], kwargs["token"]) == ("model", TOKEN)
+    message = "capgrpo S2: run card, run.json, results/, step005/, step006/, state005/, state006/"
+    assert kwargs["commit_message"] == message
+    files = expected_paths(run, [5, 6], [5, 6])
+    assert uploaded_paths(run, kwargs) == files == {i.path_in_repo for i in plan}
+    card = ModelCard.load(run / "step005" / "README.md")
+    assert f'from_pretrained("{REPO}", subfolder="step005"' in card.text  # regenerated for the Hub
+    assert ModelCard.load(run / "README.md").data.model_name == "capgrpo-S2"
+
+
+def test_push_to_main_creates_no_branch(run, api):
+    push(run, REPO, api=api)
+    api.create_branch.assert_not_called()
+    assert api.upload_folder.call_args.kwargs["revision"] == "main"
+
+
+def test_dry_run_prints_the_same_plan_and_calls_nothing(run, api, capsys):
+    main([str(run), "--repo", REPO, "--steps", "6", "--states", "--dry-run"])
+    dry = capsys.readouterr().out
+    plan = plan_push(run, REPO, steps=[6], states=True)
+    assert dry.startswith(f"DRY RUN, nothing uploaded\nrepo: {REPO} (model)\nrevision: main\n")
+    for item in plan:
+        assert f"{item.local_path} -> {item.path_in_repo} ({item.local_path.stat().st_size:,} bytes)" in dry
+    total = sum(i.local_path.stat().st_size for i in plan)
+    assert f"{len(plan)} files, {total:,} bytes in total" in dry
+    push(run, REPO, steps=[6], states=True, api=api)
+    real = capsys.readouterr().out
+    assert real.startswith(dry.removeprefix("DRY RUN, nothing uploaded\n"))  # same plan, then the upload
+    assert real.endswith(f"pushed: https://huggingface.co/{REPO}/commit/abc\n")
+
+
+def test_token_is_never_printed_logged_or_written(run, api, capsys, caplog, tmp_path):
+    caplog.set_level(logging.DEBUG)
+    push(run, REPO, states=True, revision="dev", api=api)
+    main([str(run), "--repo", REPO, "--dry-run"])
+    assert api.upload_folder.call_args.kwargs["token"] == TOKEN  # it was used ...
+    out, err = capsys.readouterr()
+    assert TOKEN not in out + err + caplog.text  # ... and never shown
+    for path in tmp_path.rglob("*"):
+        assert not path.is_file() or TOKEN.encode() not in path.read_bytes(), path
+
+
+def test_missing_token_stops_before_any_hub_call(run, api, monkeypatch):
+    monkeypatch.setattr("cards.push.get_token", lambda: None)
+    with pytest.raises(RuntimeError, match="HF_TOKEN"):
+        push(run, REPO, api=api)
+    assert not api.method_calls

@@ -1,0 +1,265 @@
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.state_shard import (
+    StateError,
+    capture_rng_state,
+    latest_state,
+    load_state,
+    restore_rng_state,
+    save_state,
+    verify_state,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+META = {
+    "step": 1,
+    "checkpoint_id": "S2-step001",
+    "arm": "S2",
+    "policy_id": "affine-unresolved-zero-reward-active-v1",
+}
+
+
+def sample_tensors(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "master/embed": torch.randn(64, 40, generator=g),  # 10 KB: split over several 4 KB shards
+        "exp_avg/embed": torch.randn(64, 40, generator=g),
+        "master/norm": torch.randn(40, generator=g),
+        "scalar": torch.tensor(3.5),
+        "ids": torch.arange(300, dtype=torch.int64),
+        "half": torch.randn(7, 5, generator=g).to(torch.bfloat16),
+        "empty": torch.zeros(0, 4),
+    }
+
+
+TRAINER_STATE = {"global_step": 1, "log_history": [{"loss": 0.5, "grad_norm": float("nan")}]}
+
+
+def saved(tmp_path, name="state001", seed=0):
+    return save_state(
+        tmp_path / name,
+        tensors=sample_tensors(seed),
+        meta=META,
+        extra_json={"trainer_state.json": TRAINER_STATE},
+        shard_bytes=4096,
+    )
+
+
+def rewrite_descriptor(state: Path, edit) -> None:
+    """Change descriptor.json and re-sign it in meta.json, as a buggy writer would."""
+    desc = json.loads((state / "descriptor.json").read_text())
+    edit(desc)
+    data = json.dumps(desc).encode()
+    (state / "descriptor.json").write_bytes(data)
+    meta = json.loads((state / "meta.json").read_text())
+    meta["descriptor_sha256"] = hashlib.sha256(data).hexdigest()
+    (state / "meta.json").write_text(json.dumps(meta))
+
+
+def test_round_trip_bitwise_over_several_shards(tmp_path):
+    state = saved(tmp_path)
+    tensors, meta = load_state(state, expect={"arm": "S2", "policy_id": META["policy_id"]})
+    original = sample_tensors()
+    assert tensors.keys() == original.keys()
+    for name, t in original.items():
+        assert (
+            tensors[name].dtype == t.dtype
+            and tensors[name].shape == t.shape
+            and torch.equal(tensors[name], t)
+        )
+    assert {k: meta[k] for k in META} == META
+
+    desc = json.loads((state / "descriptor.json").read_text())
+    assert len(desc["shards"]) > 3 and len(desc["tensors"]["master/embed"]["parts"]) > 1
+    assert meta["descriptor_sha256"] == hashlib.sha256((state / "descriptor.json").read_bytes()).hexdigest()
+    for s in desc["shards"]:
+        data = (state / s["file"]).read_bytes()
+        assert re.fullmatch(rf"shard-\d{{5}}-of-{len(desc['shards']):05d}\.safetensors", s["file"])
+        assert len(data) == s["bytes"] and hashlib.sha256(data).hexdigest() == s["sha256"]
+    assert desc["total_bytes"] == sum(s["bytes"] for s in desc["shards"])
+    assert [f["file"] for f in desc["files"]] == ["trainer_state.json"]
+    assert json.loads((state / "trainer_state.json").read_text())["log_history"][0]["loss"] == 0.5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state001"]  # no temp dir left behind
+
+
+def test_save_replaces_an_existing_state(tmp_path):
+    saved(tmp_path, seed=0)
+    state = saved(tmp_path, seed=1)
+    tensors, _ = load_state(state)
+    assert torch.equal(tensors["master/norm"], sample_tensors(1)["master/norm"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state001"]
+
+
+def test_save_refuses_non_json_meta_before_writing(tmp_path):
+    with pytest.raises(TypeError):
+        save_state(tmp_path / "state001", tensors=sample_tensors(), meta={"rng": torch.zeros(2)})
+    with pytest.raises(ValueError):
+        save_state(tmp_path / "state001", tensors=sample_tensors(), meta={"loss": float("nan")})
+    assert not any(tmp_path.iterdir())
+
+
+def _delete(path):
+    path.unlink()
+
+
+def _append_byte(path):
+    path.write_bytes(path.read_bytes() + b"\0")
+
+
+def _flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _extra_shard(desc):
+    desc["shards"].append(
+        {"file": "shard-00007-of-00007.safetensors", "bytes": 1, "sha256": "0", "tensors": []}
+    )
+
+
+def _collision(desc):
+    desc["shards"][1]["tensors"].append(desc["shards"][0]["tensors"][0])
+
+
+@pytest.mark.parametrize(
+    "damage, culprit, message",
+    [
+        (lambda s: _delete(s / "meta.json"), "meta.json", "missing"),
+        (lambda s: _delete(s / "descriptor.json"), "descriptor.json", "missing"),
+        (lambda s: (s / "meta.json").write_text("{not json"), "meta.json", "malformed JSON"),
+        (
+            lambda s: _delete(s / "shard-00002-of-00007.safetensors"),
+            "shard-00002-of-00007.safetensors",
+            "missing",
+        ),
+        (
+            lambda s: _append_byte(s / "shard-00001-of-00007.safetensors"),
+            "shard-00001-of-00007.safetensors",
+            "size",
+        ),
+        (
+            lambda s: _flip_last_byte(s / "shard-00003-of-00007.safetensors"),
+            "shard-00003-of-00007.safetensors",
+            "sha256",
+        ),
+        (lambda s: _append_byte(s / "descriptor.json"), "descriptor.json", "tampered"),
+        (lambda s: _flip_last_byte(s / "trainer_state.json"), "trainer_state.json", "sha256"),
+        (lambda s: _delete(s / "trainer_state.json"), "trainer_state.json", "missing"),
+        (lambda s: rewrite_descriptor(s, _extra_shard), "descriptor.json", "unexpected shard"),
+        (lambda s: rewrite_descriptor(s, _collision), "descriptor.json", "listed in"),
+        (
+            lambda s: (s / "shard-00009-of-00009.safetensors").write_bytes(b"x"),
+            "shard-00009-of-00009",
+            "not listed",
+        ),
+    ],
+)
+def test_refusals_name_the_file(tmp_path, damage, culprit, message):
+    state = saved(tmp_path)
+    assert len(json.loads((state / "descriptor.json").read_text())["shards"]) == 7
+    damage(state)
+    for check in (verify_state, load_state):
+        with pytest.raises(
+            StateError, match=rf"{re.escape(culprit)}.*{message}|{message}.*{re.escape(culprit)}"
+        ):
+            check(state)
+
+
+def test_expect_mismatch_names_field_and_values(tmp_path):
+    state = saved(tmp_path)
+    with pytest.raises(StateError, match=r"meta\.json: field 'arm' is 'S2', expected 'S0'"):
+        load_state(state, expect={"arm": "S0", "policy_id": META["policy_id"]})
+    with pytest.raises(StateError, match=r"meta\.json: field 'policy_id' is .*active-v1', expected 'p'"):
+        load_state(state, expect={"policy_id": "p"})
+
+
+def test_latest_state_skips_broken_and_temporary_dirs(tmp_path):
+    assert latest_state(tmp_path) is None
+    saved(tmp_path, "state001")
+    saved(tmp_path, "state003")
+    (saved(tmp_path, "state010") / "shard-00000-of-00007.safetensors").unlink()
+    (tmp_path / ".state011.tmp-1").mkdir()
+    (tmp_path / "state012-old").mkdir()
+    assert latest_state(tmp_path) == tmp_path / "state003"
+
+
+KILLED_SAVE = """
+import os, sys, time
+from pathlib import Path
+import torch
+from trainer import state_shard
+
+run, target = Path(sys.argv[1]), sys.argv[2]
+write = state_shard._write
+def paused_write(path, data):  # pause for good after the first shard of the second save
+    write(path, data)
+    if path.parent.name.startswith(".") and path.name.startswith("shard-"):
+        print("paused", flush=True)
+        time.sleep(600)
+state_shard._write = paused_write
+tensors = {"w": torch.full((64, 64), 2.0), "v": torch.arange(4096.0)}
+state_shard.save_state(run / target, tensors=tensors, meta={"step": 2}, shard_bytes=4096)
+"""
+
+
+@pytest.mark.parametrize("target", ["state002", "state001"])  # a new state, and one replacing the existing
+def test_killed_save_leaves_previous_state_loadable(tmp_path, target):
+    run = tmp_path / "run"
+    saved(run, "state001")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    script = textwrap.dedent(KILLED_SAVE)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(run), target], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout.readline().startswith("paused")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    leftovers = [p for p in run.iterdir() if p.name.startswith(".")]
+    assert leftovers  # the kill really came mid-save
+    assert latest_state(run) == run / "state001"
+    tensors, meta = load_state(run / "state001")
+    assert meta["step"] == 1 and torch.equal(tensors["master/norm"], sample_tensors()["master/norm"])
+    for d in run.iterdir():
+        if d.name != "state001":
+            with pytest.raises(StateError):
+                load_state(d)
+    save_state(
+        run / "state002", tensors={"x": torch.ones(3)}, meta={"step": 2}
+    )  # cleans the dead save's temp dir
+    assert sorted(p.name for p in run.iterdir()) == ["state001", "state002"]
+
+
+def test_rng_state_round_trips_through_json():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    random.gauss(0, 1)  # leaves a cached gaussian in python's state
+    state = json.loads(json.dumps(capture_rng_state()))
+
+    def draws():
+        return [
+            random.random(),
+            random.gauss(0, 1),
+            np.random.rand(3).tolist(),
+            np.random.randn(),
+            torch.rand(3).tolist(),
+        ]
+
+    first = draws()
+    assert draws() != first  # the generators moved on
+    restore_rng_state(state)
+    assert draws() == first

@@ -48,3 +48,10 @@ experiment:  ## embedded default: train S0 and S2 on the same seeds, then compar
 	$(MAKE) train ARM=S0
 	$(MAKE) train ARM=S2
 	$(MAKE) compare A=runs/S2 B=runs/S0
+
+card:  ## make card RUN=runs/S2 [CONTROL=runs/S0] [STEPS=10,20]: regenerate the run's cards
+	$(PY) -m cards.card $(RUN) $(if $(CONTROL),--control $(CONTROL)) $(if $(STEPS),--steps $(STEPS))
+
+push:  ## make push RUN=runs/S2 REPO=org/name [STEPS=10,20] [STATES=1] [REVISION=main] [CONTROL=runs/S0] [DRY_RUN=1]
+	@test -n "$(REPO)" || { echo "usage: make push RUN=runs/S2 REPO=org/name [STEPS=..] [STATES=1] [DRY_RUN=1]" >&2; exit 2; }
+	HF_HUB_OFFLINE=0 $(PY) -m cards.push $(RUN) --repo $(REPO) $(if $(STEPS),--steps $(STEPS)) $(if $(STATES),--states) $(if $(REVISION),--revision $(REVISION)) $(if $(CONTROL),--control $(CONTROL)) $(if $(DRY_RUN),--dry-run)

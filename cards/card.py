@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import re
 import statistics
 from collections import Counter
@@ -28,6 +29,7 @@ from trainer.arms import ARMS, POLICIES, CapPolicy
 logger = logging.getLogger(__name__)
 
 CONTROL_ARM = "S0"
+CONTROL_KEY = "capgrpo_control"  # run-card metadata: the control run, relative to the run dir
 STEP_DIR = re.compile(r"step(\d{3,})")
 STATE_DIR = re.compile(r"state(\d{3,})")
 EVAL_FILE = re.compile(r"eval_step(\d{3,})(?:_cap(\d+))?\.jsonl")
@@ -311,7 +313,7 @@ def _hub_base_model(base: str) -> str | None:
     return base if re.fullmatch(r"[\w.-]+/[\w.-]+", base) and not Path(base).exists() else None
 
 
-def _card_data(run: Run, model_name: str, step: int | None) -> ModelCardData:
+def _card_data(run: Run, model_name: str, step: int | None, **extra) -> ModelCardData:
     tags = ["trl", "grpo", "capgrpo", f"arm-{run.arm}", run.policy_id, f"gate-{run.gate}"]
     return ModelCardData(
         base_model=_hub_base_model(run.meta["base_model"]),
@@ -319,6 +321,7 @@ def _card_data(run: Run, model_name: str, step: int | None) -> ModelCardData:
         model_name=model_name,
         tags=tags,
         eval_results=(_eval_results(run, step) if step is not None else None) or None,
+        **extra,
     )
 
 
@@ -430,7 +433,7 @@ def _comparison(run: Run, control: Path | str) -> dict:
     disagree = [f"{ob} → {oa}: {n}" for (ob, oa), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     return {
         "arm": b.arm,
-        "dir": str(b.path),
+        "dir": os.path.relpath(b.path, run.dir),
         "step_a": step_a,
         "step_b": step_b,
         "tests": tests,
@@ -480,7 +483,23 @@ def run_card(
     return _run_card(Run(run_dir), control, repo_id)
 
 
+def recorded_control(run_dir: Path | str) -> Path | None:
+    """The control the existing run card was made with, so that regenerating it (after a save, before a push)
+    keeps the comparison; None when there is none or that run directory is gone."""
+    readme = Path(run_dir) / "README.md"
+    if not readme.is_file():
+        return None
+    rel = ModelCard.load(readme, ignore_metadata_errors=True).data.to_dict().get(CONTROL_KEY)
+    if rel is None:
+        return None
+    if not (Path(run_dir) / rel / "run.json").is_file():
+        logger.warning("%s: its control run %s is gone; the run card drops the comparison", readme, rel)
+        return None
+    return Path(os.path.normpath(Path(run_dir) / rel))
+
+
 def _run_card(run: Run, control: Path | str | None, repo_id: str | None) -> ModelCard:
+    control = control if control is not None else recorded_control(run.dir)
     ranking = run.ranking()
     best = ranking[0][0] if ranking else None
     evals = run.evaluated()
@@ -494,13 +513,17 @@ def _run_card(run: Run, control: Path | str | None, repo_id: str | None) -> Mode
         for s, c in sorted(run.scores)
     ]
     model_name = f"capgrpo-{run.arm}"
+    remembered = {CONTROL_KEY: os.path.relpath(control, run.dir)} if control is not None else {}
     return _render(
         "run.md.j2",
-        _card_data(run, model_name, best),
+        _card_data(run, model_name, best, **remembered),
         **_common(run),
         model_name=model_name,
         snapshot=run.meta.get("snapshot", {}),
-        sets=run.meta.get("eval_sets", {}),
+        set_shapes=[
+            f"{n} × {k} sample{'s' * (k != 1)}"
+            for n, k in sorted(run.meta["eval"].get("samples", {}).items())
+        ],
         table_sets=table_sets,
         table=table,
         evaluated=[f"step{s:03d}" for s in evals],

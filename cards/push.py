@@ -16,11 +16,12 @@ the Hub client: never printed, logged or written.
 
 import argparse
 import glob
+import json
 import logging
 from pathlib import Path
 from typing import NamedTuple
 
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.utils import validate_repo_id
 
 from cards.card import Run, parse_steps, write_cards
@@ -74,10 +75,10 @@ def plan_push(
     return plan
 
 
-def _commit_message(run: Run, plan: list[PlanItem]) -> str:
+def _commit_message(arm: str, plan: list[PlanItem]) -> str:
     dirs = {item.path_in_repo.split("/")[0] for item in plan if "/" in item.path_in_repo} - {"results"}
     dirs = sorted(dirs, key=lambda d: (d.startswith("state"), d))  # checkpoints, then optimizer states
-    return f"capgrpo {run.arm}: run card, run.json, results/" + "".join(f", {d}/" for d in dirs)
+    return f"capgrpo {arm}: run card, run.json, results/" + "".join(f", {d}/" for d in dirs)
 
 
 def format_plan(repo_id: str, revision: str, commit_message: str, plan: list[PlanItem]) -> str:
@@ -98,16 +99,24 @@ def push(
     private: bool = False,
     dry_run: bool = False,
     control: Path | str | None = None,
+    commit_message: str | None = None,
     api: HfApi | None = None,
 ) -> list[PlanItem]:
     """Regenerate the cards, print the plan, then (unless dry_run) create the repo and upload the plan."""
     validate_repo_id(repo_id)
     write_cards(run_dir, control, steps=steps, repo_id=repo_id)  # what lands on the Hub is current
     plan = plan_push(run_dir, repo_id, steps=steps, states=states, revision=revision)
-    message = _commit_message(Run(run_dir), plan)
+    arm = json.loads((Path(run_dir) / "run.json").read_text())["arm"]
+    message = commit_message or _commit_message(arm, plan)
     print(("DRY RUN, nothing uploaded\n" if dry_run else "") + format_plan(repo_id, revision, message, plan))
     if dry_run:
         return plan
+    if (
+        constants.HF_HUB_OFFLINE
+    ):  # read at call time: the Makefile exports HF_HUB_OFFLINE=1 for everything else
+        raise RuntimeError(
+            "HF_HUB_OFFLINE=1 is set, and a push needs the network: run it with HF_HUB_OFFLINE=0"
+        )
     token = get_token()
     if not token:
         raise RuntimeError("no Hugging Face token: set HF_TOKEN or log in with `hf auth login`")

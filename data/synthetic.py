@@ -50,12 +50,15 @@ Family = Callable[[random.Random, int], tuple[str, str, str]]
 
 
 def arithmetic(rng: random.Random, level: int) -> tuple[str, str, str]:
-    """A left-nested expression with level + 1 operations, evaluated one operation per step."""
+    """A left-nested expression with level + 1 operations, evaluated one operation per step.
+
+    Levels 1-2 only add and subtract one-digit numbers: the easy end a tiny model can learn.
+    """
     top = 9 if level <= 2 else 20
     value = rng.randint(1, top)
     expr, steps = str(value), []
     for i in range(level + 1):
-        op = rng.choice("+-*")
+        op = rng.choice("+-" if level <= 2 else "+-*")
         b = rng.randint(2, 9) if op == "*" else rng.randint(1, top)
         new = value + b if op == "+" else value - b if op == "-" else value * b
         sym = "\\times" if op == "*" else op
@@ -70,8 +73,8 @@ def fractions(rng: random.Random, level: int) -> tuple[str, str, str]:
     """A sum (or difference from level 3) of level + 1 fractions, combined pairwise over common denominators."""
     terms = []
     for _ in range(level + 1):
-        den = rng.randint(2, 5 + level)
-        terms.append(Fraction(rng.randint(1, den - 1), den))
+        den = terms[0].denominator if level == 1 and terms else rng.randint(2, 5 + level)
+        terms.append(Fraction(rng.randint(1, den - 1), den))  # level 1: one common denominator
     ops = [rng.choice("+-") if level >= 3 else "+" for _ in terms[1:]]
     expr = f"\\frac{{{terms[0].numerator}}}{{{terms[0].denominator}}}"
     total, steps = terms[0], []
@@ -90,14 +93,14 @@ def fractions(rng: random.Random, level: int) -> tuple[str, str, str]:
 def linear(rng: random.Random, level: int) -> tuple[str, str, str]:
     """One linear equation in x; each level adds a term (or an expansion) to move and combine."""
     r = rng.randint
-    x = Fraction(r(-9, 9))
+    x = Fraction(r(0, 9) if level <= 2 else r(-9, 9))
     if level == 1:
-        a = r(1, 20)
+        a = r(1, 9)
         b = x + a
         eq = f"x + {a} = {latex(b)}"
         steps = [f"Subtract {a} from both sides: $x = {latex(b)} - {a} = {latex(x)}$."]
     elif level == 2:
-        a, b = r(2, 9), r(1, 20)
+        a, b = r(2, 5), r(1, 9)
         c = a * x + b
         eq = f"{a}x + {b} = {latex(c)}"
         steps = [
@@ -136,7 +139,7 @@ def linear(rng: random.Random, level: int) -> tuple[str, str, str]:
 
 def percent(rng: random.Random, level: int) -> tuple[str, str, str]:
     """A price changed by level successive percentages; each change is one multiplication."""
-    value = Fraction(rng.choice(range(20, 420, 20)))
+    value = Fraction(rng.choice((100, 200) if level == 1 else range(20, 420, 20)))
     start, changes, steps = value, [], []
     for _ in range(level):
         pct = rng.choice((5, 10, 15, 20, 25, 30, 40, 50))
@@ -161,7 +164,8 @@ def percent(rng: random.Random, level: int) -> tuple[str, str, str]:
 def sequence(rng: random.Random, level: int) -> tuple[str, str, str]:
     """The sum of the first level + 2 terms of an arithmetic sequence, added term by term."""
     n = level + 2
-    a, d = rng.randint(-10 if level >= 3 else 1, 20), rng.randint(-9 if level >= 4 else 1, 9)
+    a = rng.randint(1, 9) if level == 1 else rng.randint(-10 if level >= 3 else 1, 20)
+    d = rng.randint(1, 5) if level == 1 else rng.randint(-9 if level >= 4 else 1, 9)
     terms = [a + i * d for i in range(n)]
     listed = ", ".join(str(t) for t in terms[:3])
     problem = f"Find the sum of the first {n} terms of the arithmetic sequence {listed}, $\\ldots$"

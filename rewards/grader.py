@@ -14,6 +14,7 @@ worker that does not answer shortly after (a C-level loop ignores the timer).
 """
 
 import atexit
+import functools
 import importlib
 import json
 import logging
@@ -57,12 +58,18 @@ def _parse_boxed(content: str) -> list:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _parse_reference(reference: str) -> tuple:
+    # The G rollouts of a problem share its reference: parse it once per worker, not G times.
+    return tuple(_parse_boxed(reference))
+
+
 def judge(answer: str, reference: str) -> Outcome:
     """Compare an extracted, non-empty answer with the reference answer. No time limit of its own."""
     target = _parse_boxed(answer)
     if not target:
         return Outcome.FORMAT_REJECTED  # the last box cannot be parsed
-    gold = _parse_boxed(reference)
+    gold = list(_parse_reference(reference))
     if not gold:
         raise ValueError("the reference answer cannot be parsed")
     equal = math_verify.verify(gold, target, timeout_seconds=None, raise_on_error=True)
@@ -85,7 +92,7 @@ def grade(completion: str, reference: str, truncated: bool) -> Grade:
     if outcome is None:
         try:
             outcome = judge(answer, reference)
-        except Exception as exc:  # noqa: BLE001 - any grader failure is indeterminate by definition
+        except Exception as exc:  # any grader failure is indeterminate, by definition
             logger.warning("grading failed (%s): outcome indeterminate", type(exc).__name__)
             outcome = Outcome.INDETERMINATE
     return Grade(outcome, answer)
@@ -109,7 +116,12 @@ def _worker_main(memory_mb: str, timeout_s: str, judge_name: str) -> None:
     if judge_name:
         module, _, name = judge_name.partition(":")
         judge_fn = getattr(importlib.import_module(module), name)
-    limit = int(memory_mb) * 1024 * 1024
+    # The limit is headroom above what the interpreter and its imports already map, so it means the same
+    # whatever the platform's baseline; math-verify swallows a MemoryError it meets into "not equal", so
+    # the headroom must stay far above what a real answer needs.
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = mapped + int(memory_mb) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     signal.signal(signal.SIGALRM, _on_alarm)
     protocol.write(b'"ready"\n')
@@ -125,11 +137,12 @@ def _worker_main(memory_mb: str, timeout_s: str, judge_name: str) -> None:
                 signal.setitimer(signal.ITIMER_REAL, 0)
         except _WorkerTimeout:
             outcome = Outcome.INDETERMINATE
-        except Exception as exc:  # noqa: BLE001 - see grade()
+        except Exception as exc:  # as in grade()
             outcome = Outcome.INDETERMINATE
             healthy = not isinstance(exc, MemoryError)  # a process that ran out of memory is not reused
         protocol.write(json.dumps([outcome.value, healthy]).encode() + b"\n")
         protocol.flush()
+    os._exit(0)  # end of input: the pool is closing; skip the slow teardown of sympy's caches
 
 
 # A fresh interpreter that imports only the grader: never a fork of the trainer (torch threads, CUDA),
@@ -182,7 +195,7 @@ class _Worker:
         self.process.stdout.close()
 
     def stop(self) -> None:
-        self.process.stdin.close()  # end of input ends the worker loop
+        """Wait for the worker to leave after `self.process.stdin` was closed (end of input ends its loop)."""
         try:
             self.process.wait(timeout=2.0)
         except subprocess.TimeoutExpired:
@@ -208,6 +221,8 @@ class GraderPool:
                 f"GraderPool needs workers >= 1, timeout_s > 0 and memory_mb >= 256, "
                 f"got workers={workers}, timeout_s={timeout_s}, memory_mb={memory_mb}"
             )
+        if judge is not None and not judge.__qualname__.isidentifier():
+            raise ValueError(f"GraderPool judge must be a module-level function, got {judge.__qualname__}")
         judge_name = f"{judge.__module__}:{judge.__qualname__}" if judge else ""
         self._args = (memory_mb, timeout_s, judge_name)
         self._timeout_s = timeout_s
@@ -228,9 +243,11 @@ class GraderPool:
 
     def close(self) -> None:
         with self._lock:
-            for worker in self._workers:
-                if worker is not None and worker.process.poll() is None:
-                    worker.stop()
+            workers = [w for w in self._workers if w is not None]
+            for worker in workers:  # all of them first, so that they leave in parallel
+                worker.process.stdin.close()
+            for worker in workers:
+                worker.stop()
             self._workers = []
 
     def grade_batch(
@@ -241,13 +258,25 @@ class GraderPool:
                 f"grade_batch: completions, references and truncated differ in length "
                 f"({len(completions)}, {len(references)}, {len(truncated)})"
             )
+        for field, values in (("completions", completions), ("references", references)):
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise TypeError(f"grade_batch: {field}[{bad}] is {type(values[bad]).__name__}, expected str")
         answers = [last_boxed(c) for c in completions]
         outcomes = [_decide_early(a, t) for a, t in zip(answers, truncated)]
         todo = deque(i for i, outcome in enumerate(outcomes) if outcome is None)
         with self._lock:
             if not self._workers:
                 raise RuntimeError("grade_batch on a closed GraderPool")
-            self._run(todo, answers, references, outcomes)
+            busy: dict = {}  # worker stdout -> slot, for the items in flight
+            try:
+                self._run(todo, busy, answers, references, outcomes)
+            except (
+                BaseException
+            ):  # e.g. KeyboardInterrupt: never leave a late answer in a pipe for the next batch
+                for slot in busy.values():
+                    self._discard(slot)
+                raise
         return [Grade(outcome, answer) for outcome, answer in zip(outcomes, answers)]
 
     def _worker_at(self, slot: int) -> _Worker:
@@ -265,9 +294,10 @@ class GraderPool:
         self._workers[slot].kill()
         self._workers[slot] = None
 
-    def _run(self, todo: deque[int], answers: list, references: Sequence[str], outcomes: list) -> None:
+    def _run(
+        self, todo: deque[int], busy: dict, answers: list, references: Sequence[str], outcomes: list
+    ) -> None:
         idle = list(range(len(self._workers)))  # worker slots
-        busy: dict = {}  # worker stdout -> slot
         while todo or busy:
             while todo and idle:
                 slot = idle.pop()

@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def make_run(
     evals: dict[int, float] | None = None,
     saved=(2, 4, 5, 6),
     states=(5, 6),
+    base_model: str | None = None,
 ) -> Path:
     """A small fake run directory in the CONTRACTS.md format; weights are a stub (cards never load them)."""
     rng = random.Random(seed)
@@ -55,7 +57,7 @@ def make_run(
         "arm": arm, "policy_id": policy.id, "gate": policy.gate, "groups_per_step": 32, "num_generations": 8,
         "grader_version": "capgrpo-grader-v1+math-verify-0.9.0",
         "snapshot": {"path": "artifacts/synthetic.tasks.json", "sha256": "ab" * 32},
-        "base_model": str(root / "tiny-base"), "architecture": ARCH,
+        "base_model": base_model or str(root / "tiny-base"), "architecture": ARCH,
         "eval_sets": {"fixed32": FIXED, "heldout300": HELDOUT},
         "eval": {"cap": 64, "temperature": 1.0, "top_p": 1.0, "seed": 1234,
                  "samples": {"fixed32": 2, "heldout300": 1}},
@@ -123,8 +125,21 @@ def test_checkpoint_card_metadata_and_numbers_match_the_eval_rows(run):
     held = [r for r in rows if r["set"] == "heldout300"]
     counts = Counter(r["outcome"] for r in held)
     graded = len(held) - counts["indeterminate"]
-    assert f"**{100 * accuracy(rows, 'heldout300'):.1f}%** | {counts['correct']} / {graded}" in card.text
-    assert f"{counts['truncated']} ({100 * counts['truncated'] / graded:.1f}%)" in card.text
+    acc, base = accuracy(rows, "heldout300"), accuracy(rows_of(run, 0), "heldout300")
+    mix = " | ".join(
+        f"{counts[o]} ({100 * counts[o] / graded:.1f}%)" for o in ("wrong", "truncated", "format_rejected")
+    )
+    tokens = statistics.median(r["completion_tokens"] for r in held)
+    row = (
+        f"| heldout300 | 40 × 1 | **{100 * acc:.1f}%** | {counts['correct']} / {graded} | "
+        f"{100 * (acc - base):+.1f} pp | {mix} | {counts['indeterminate']} | {tokens:g} |"
+    )
+    assert row in card.text
+
+
+def test_a_hub_base_model_goes_into_the_metadata(tmp_path):
+    run = make_run(tmp_path, base_model="XiaomiMiMo/MiMo-7B-RL")
+    assert ModelCard.load(write_checkpoint_card(run, 4)).data.base_model == "XiaomiMiMo/MiMo-7B-RL"
 
 
 def test_checkpoint_rank_follows_heldout_accuracy(run):
@@ -227,6 +242,9 @@ def test_run_card_against_a_control_reports_paired_differences(tmp_path):
     assert float(line[2]) == pytest.approx(expected.p_value, rel=0.05)
     assert "S2 (step 6) − S0 (step 3): fixed32" in text
     assert f"truncated → correct: {changes['truncated', 'correct']}" in text
+    # the card remembers its control, so regenerating it (after a save, before a push) keeps the comparison
+    again = ModelCard.load(write_run_card(s2))
+    assert again.data.capgrpo_control == "../../b/S0" and again.text == text
 
 
 def test_run_card_reports_the_decline_from_the_peak(run):
@@ -274,3 +292,9 @@ def test_cli_regenerates_chosen_cards_and_rejects_bad_input(run, capsys):
     (run / "results" / "eval_step002.jsonl").write_text('{"step": 2, "set": "fixed32"}\n')
     with pytest.raises(ValueError, match=r"eval_step002\.jsonl:1: missing field"):
         main([str(run)])
+
+
+def test_card_callback_logs_a_failure_instead_of_stopping_training(run, caplog):
+    state = TrainerState(global_step=3)  # no step003/: the card cannot be written
+    CardCallback(run).on_save(TrainingArguments(output_dir=str(run), report_to=[]), state, TrainerControl())
+    assert "cards for" in caplog.text and "step003" in caplog.text

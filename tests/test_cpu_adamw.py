@@ -171,5 +171,6 @@ def test_cuda_bf16_params_with_host_state():
         ref.step()
     for s, p in zip(shadow, model.parameters()):
         assert opt.state[p]["master"].device.type == "cpu" and p.device.type == "cuda"
+        assert opt._staging[p].is_pinned()  # page-locked, so the copies really are asynchronous
         assert torch.equal(opt.state[p]["master"], s)
         assert torch.equal(p.cpu(), s.to(torch.bfloat16))

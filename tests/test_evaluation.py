@@ -3,6 +3,8 @@
 import hashlib
 import json
 import os
+import sys
+import types
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -33,15 +35,9 @@ from trainer.evaluation import (  # noqa: E402
     write_eval,
 )
 
-SPECIALS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-]
+SPECIALS = (
+    "<|endoftext|> <|im_start|> <|im_end|> <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>"
+).split()
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -175,6 +171,47 @@ def test_same_weights_give_same_rows_whatever_the_task_order(model, tok, rows):
     changed = run_eval(other, tok, TASKS_BY_SET, SPEC, step=5)
     assert [r["seed"] for r in changed] == [r["seed"] for r in rows]
     assert [r["completion"] for r in changed] != [r["completion"] for r in rows]
+
+
+class _FakeVLLM:
+    """Stands in for vllm.LLM: each request's tokens are a function of its own seed, as vLLM's are."""
+
+    def __init__(self, eos_id: int, keep_eos: bool):
+        self.eos_id, self.keep_eos, self.params = eos_id, keep_eos, []
+
+    def generate(self, prompts, params, use_tqdm):
+        assert len(prompts) == len(params) and all("prompt_token_ids" in p for p in prompts)
+        self.params += params
+        outputs = []
+        for p in params:
+            n = p.kwargs["seed"] % (p.kwargs["max_tokens"] + 4)  # beyond the cap: runs out of tokens
+            ended = n < p.kwargs["max_tokens"]
+            tokens = [40 + (p.kwargs["seed"] + k) % 50 for k in range(min(n, p.kwargs["max_tokens"]))]
+            tokens += [self.eos_id] if ended and self.keep_eos else []
+            completion = types.SimpleNamespace(token_ids=tokens, finish_reason="stop" if ended else "length")
+            outputs.append(types.SimpleNamespace(outputs=[completion]))
+        return outputs
+
+
+@pytest.mark.parametrize("keep_eos", [True, False])
+def test_vllm_backend_sends_one_seed_per_sample(monkeypatch, tok, keep_eos):
+    sampling_params = types.SimpleNamespace
+    monkeypatch.setitem(
+        sys.modules, "vllm", types.SimpleNamespace(SamplingParams=lambda **kw: sampling_params(kwargs=kw))
+    )
+    llm = _FakeVLLM(tok.eos_token_id, keep_eos)
+    rows = run_eval(None, tok, TASKS_BY_SET, SPEC, step=3, llm=llm, eos=[tok.eos_token_id])
+    assert [p.kwargs["seed"] for p in llm.params] == [r["seed"] for r in rows]
+    assert {(p.kwargs["temperature"], p.kwargs["top_p"], p.kwargs["max_tokens"]) for p in llm.params} == {
+        (SPEC.temperature, SPEC.top_p, SPEC.cap)
+    }
+    for r in rows:
+        n = r["seed"] % (SPEC.cap + 4)
+        if n < SPEC.cap:
+            assert r["completion_tokens"] == n + 1 and r["outcome"] != Outcome.TRUNCATED
+        else:
+            assert r["completion_tokens"] == SPEC.cap and r["outcome"] == Outcome.TRUNCATED
+        assert len(tok(r["completion"], add_special_tokens=False)["input_ids"]) == min(n, SPEC.cap)
 
 
 def test_evaluation_leaves_the_training_rng_and_module_modes_alone(model, tok):

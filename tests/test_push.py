@@ -5,8 +5,7 @@ from unittest.mock import create_autospec
 
 import pytest
 from huggingface_hub import HfApi, ModelCard
-from huggingface_hub.utils import filter_repo_objects
-from huggingface_hub.utils._paths import DEFAULT_IGNORE_PATTERNS
+from huggingface_hub.utils import DEFAULT_IGNORE_PATTERNS, filter_repo_objects
 from test_cards import make_run
 
 from cards.card import write_cards
@@ -26,6 +25,7 @@ def run(tmp_path):
 @pytest.fixture
 def api(monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # as `make push` runs it
     fake = create_autospec(HfApi, instance=True)
     fake.upload_folder.return_value.commit_url = f"https://huggingface.co/{REPO}/commit/abc"
     return fake
@@ -82,7 +82,10 @@ def test_push_uploads_exactly_the_plan_to_the_repo_and_revision(run, api):
     assert uploaded_paths(run, kwargs) == files == {i.path_in_repo for i in plan}
     card = ModelCard.load(run / "step005" / "README.md")
     assert f'from_pretrained("{REPO}", subfolder="step005"' in card.text  # regenerated for the Hub
-    assert ModelCard.load(run / "README.md").data.model_name == "capgrpo-S2"
+    run_card = ModelCard.load(run / "README.md")
+    assert (
+        run_card.data.model_name == "capgrpo-S2" and f'.from_pretrained("{REPO}", subfolder=' in run_card.text
+    )
 
 
 def test_push_to_main_creates_no_branch(run, api):
@@ -120,5 +123,12 @@ def test_token_is_never_printed_logged_or_written(run, api, capsys, caplog, tmp_
 def test_missing_token_stops_before_any_hub_call(run, api, monkeypatch):
     monkeypatch.setattr("cards.push.get_token", lambda: None)
     with pytest.raises(RuntimeError, match="HF_TOKEN"):
+        push(run, REPO, api=api)
+    assert not api.method_calls
+
+
+def test_offline_mode_stops_before_any_hub_call(run, api, monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE=0"):
         push(run, REPO, api=api)
     assert not api.method_calls

@@ -103,11 +103,13 @@ def test_save_replaces_an_existing_state(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state001"]
 
 
-def test_save_refuses_non_json_meta_before_writing(tmp_path):
+def test_save_refuses_bad_input_before_writing(tmp_path):
     with pytest.raises(TypeError):
         save_state(tmp_path / "state001", tensors=sample_tensors(), meta={"rng": torch.zeros(2)})
     with pytest.raises(ValueError):
         save_state(tmp_path / "state001", tensors=sample_tensors(), meta={"loss": float("nan")})
+    with pytest.raises(ValueError, match="'a@1'"):
+        save_state(tmp_path / "state001", tensors={"a@1": torch.ones(1)}, meta={})
     assert not any(tmp_path.iterdir())
 
 
@@ -204,13 +206,13 @@ import torch
 from trainer import state_shard
 
 run, target = Path(sys.argv[1]), sys.argv[2]
-write = state_shard._write
-def paused_write(path, data):  # pause for good after the first shard of the second save
-    write(path, data)
-    if path.parent.name.startswith(".") and path.name.startswith("shard-"):
-        print("paused", flush=True)
-        time.sleep(600)
-state_shard._write = paused_write
+write_shard = state_shard._write_shard
+def paused_write_shard(path, tensors):  # pause for good once a shard is written
+    result = write_shard(path, tensors)
+    print("paused", flush=True)
+    time.sleep(600)
+    return result
+state_shard._write_shard = paused_write_shard
 tensors = {"w": torch.full((64, 64), 2.0), "v": torch.arange(4096.0)}
 state_shard.save_state(run / target, tensors=tensors, meta={"step": 2}, shard_bytes=4096)
 """

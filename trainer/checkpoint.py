@@ -15,7 +15,11 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from cards.card import scrub_checkpoint_dir, write_run_card
+from data.eval_sets import HELDOUT
 from trainer.cpu_adamw import CPUAdamW
+from trainer.evaluation import summarize
+from trainer.run_dir import read_jsonl, update_run_json
 from trainer.state_shard import StateError, capture_rng_state, latest_state, load_state, save_state
 
 STEP_DIR = re.compile(r"^step(\d{3,})$")
@@ -124,11 +128,21 @@ def prune_states(run_dir: Path, keep: int) -> None:
         shutil.rmtree(old)
 
 
-class CheckpointCallback(TrainerCallback):
-    """Saves stepNNN/ (+ card) and stateNNN/ at the configured steps, after the step's row is written."""
+def best_heldout_step(run_dir: Path) -> dict | None:
+    """The evaluated step with the highest heldout accuracy (earliest on ties), from the eval files."""
+    best = None
+    for path in sorted((Path(run_dir) / "results").glob("eval_step[0-9][0-9][0-9].jsonl")):
+        acc = summarize(read_jsonl(path)).get(HELDOUT, {}).get("accuracy")
+        if acc is not None and (best is None or acc > best["accuracy"]):
+            best = {"set": HELDOUT, "step": int(path.stem.removeprefix("eval_step")), "accuracy": acc}
+    return best
 
-    def __init__(self, trainer, run_dir: Path):
-        self.trainer, self.run_dir = trainer, Path(run_dir)
+
+class CheckpointCallback(TrainerCallback):
+    """Saves stepNNN/ (+ its card) and stateNNN/ at the configured steps, after the step's row is written."""
+
+    def __init__(self, trainer, run_dir: Path, base_dir: Path):
+        self.trainer, self.run_dir, self.base_dir = trainer, Path(run_dir), Path(base_dir)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         step = state.global_step
@@ -139,6 +153,9 @@ class CheckpointCallback(TrainerCallback):
         if self.trainer.accelerator.is_main_process:
             save_state_dir(self.trainer, self.run_dir, step)
             prune_states(self.run_dir, args.keep_states)
+            update_run_json(self.run_dir, best_step=best_heldout_step(self.run_dir))
+            scrub_checkpoint_dir(step_dir(self.run_dir, step), self.base_dir)  # also writes our card
+            write_run_card(self.run_dir)
         self.trainer.accelerator.wait_for_everyone()
         self.trainer.last_save_seconds = time.perf_counter() - t0
 

@@ -94,17 +94,17 @@ class CPUAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._init_state()
-        for group in self.param_groups:
-            live = [p for p in group["params"] if p.grad is not None]
-            events = {}
-            for p in live:  # start every device-to-host copy before computing anything
-                if p in self._staging:
-                    self._staging[p].copy_(p.grad.reshape(-1), non_blocking=True)
-                    events[p] = torch.cuda.Event()
-                    events[p].record()
-            grads = {p: self._staging[p] if p in self._staging else p.grad.reshape(-1) for p in live}
+        live = [[p for p in g["params"] if p.grad is not None] for g in self.param_groups]
+        events, grads = {}, {}
+        for p in (p for ps in live for p in ps):  # start every device-to-host copy before computing anything
+            if p in self._staging:
+                self._staging[p].copy_(p.grad.reshape(-1), non_blocking=True)
+                events[p] = torch.cuda.Event()
+                events[p].record()
+            grads[p] = self._staging.get(p, p.grad.reshape(-1))
+        for group, ps in zip(self.param_groups, live):
             by_step: dict[int, list[torch.Tensor]] = {}
-            for p in live:
+            for p in ps:
                 self.state[p]["step"] += 1
                 by_step.setdefault(self.state[p]["step"], []).append(p)
             for step, ps in by_step.items():
@@ -238,7 +238,7 @@ def _pinned_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Page-locked host buffer. cudaHostRegister on a plain allocation, because the caching host
     allocator behind pin_memory=True rounds every block up to a power of two (32 GB for 18 GB)."""
     buf = torch.empty(numel, dtype=dtype)
-    nbytes = numel * buf.element_size()
-    if nbytes and torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0) == 0:
-        weakref.finalize(buf, torch.cuda.cudart().cudaHostUnregister, buf.data_ptr())
+    rt = torch.cuda.cudart()
+    if numel and rt.cudaHostRegister(buf.data_ptr(), numel * buf.element_size(), 0) == rt.cudaError.success:
+        weakref.finalize(buf, rt.cudaHostUnregister, buf.data_ptr())
     return buf

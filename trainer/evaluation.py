@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -254,8 +254,8 @@ def run_eval(
 
 
 # --- summaries and files --------------------------------------------------------------------------
-def summarize(rows: Sequence[Mapping]) -> dict[str, dict]:
-    """Per set: accuracy = correct / non-indeterminate (None when nothing was gradeable), n, outcome counts."""
+def summarize(rows: Iterable[Mapping]) -> dict[str, dict]:
+    """Per set: accuracy = correct / non-indeterminate (None if nothing was gradeable), n, outcome counts."""
     summary = {}
     rows = list(rows)
     for set_name in sorted({row["set"] for row in rows}):
@@ -271,7 +271,7 @@ def summarize(rows: Sequence[Mapping]) -> dict[str, dict]:
 
 
 def log_metrics(summary: Mapping[str, Mapping]) -> dict[str, float]:
-    """Flat Trainer-log keys: `eval/<set>/accuracy` and `eval/<set>/<outcome>` as a share of the set's rows."""
+    """Flat Trainer-log keys: `eval/<set>/accuracy` and `eval/<set>/<outcome>` as a share of the rows."""
     logs = {}
     for set_name, s in summary.items():
         if s["accuracy"] is not None:

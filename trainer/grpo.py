@@ -22,6 +22,8 @@ from accelerate.utils import gather, gather_object
 from datasets import Dataset
 from trl import GRPOTrainer
 
+from cards.card import write_run_card
+from cards.push import push
 from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
@@ -236,6 +238,20 @@ class CapGRPOTrainer(GRPOTrainer):
         self._step_logps = []
         everything = torch.cat(gather_object([local]))
         return everything.median().item() if everything.numel() else None
+
+    # --- cards and the Hub: the run directory is the unit we publish (SPEC §8) ----------------------------
+    def create_model_card(self, *args, **kwargs):
+        # TRL's generic card would overwrite the run card; ours is generated from the run's own files.
+        write_run_card(self.args.output_dir)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True, **kwargs):
+        # Trainer.push_to_hub would upload the whole output dir (states included) under TRL's card.
+        repo = self.args.hub_model_id or Path(self.args.output_dir).name
+        revision = kwargs.get("revision") or self.args.hub_revision or "main"
+        private = bool(self.args.hub_private_repo)
+        return push(
+            self.args.output_dir, repo, revision=revision, private=private, commit_message=commit_message
+        )
 
     # --- optimizer: CPU-offloaded AdamW for single-process GPU runs (SPEC §6) -----------------------------
     def create_optimizer(self, model=None):

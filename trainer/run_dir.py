@@ -56,6 +56,10 @@ def write_run_json(
     return info
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
 def update_run_json(run_dir: Path, **fields) -> None:
     path = run_dir / "run.json"
     write_json_atomic(path, {**json.loads(path.read_text()), **fields})

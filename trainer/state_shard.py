@@ -35,6 +35,9 @@ FORMAT = "capgrpo.state/1"
 SHARD_BYTES = 256 * 2**20
 _STATE_DIR = re.compile(r"state(\d{3,})")
 _WORKERS = min(8, os.cpu_count() or 1)  # sha256 and file I/O release the GIL
+_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL"}  # fmt: skip
 
 
 class StateError(Exception):
@@ -74,22 +77,19 @@ def save_state(
             raise ValueError(
                 f"extra_json file name {name!r}: expected a plain *.json name other than meta/descriptor"
             )
+    shards, index = _pack(tensors, shard_bytes)
+    names = [f"shard-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     target.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(target.parent)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
 
-    shards, index = _pack(tensors, shard_bytes)
-    names = [f"shard-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-
     def write_shard(i: int) -> dict:
-        data = safetensors.torch.save(shards[i])
-        _write(tmp / names[i], data)
-        return {"file": names[i], "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
-                "tensors": list(shards[i])}  # fmt: skip
+        size, digest = _write_shard(tmp / names[i], shards[i])
+        return {"file": names[i], "bytes": size, "sha256": digest, "tensors": list(shards[i])}
 
-    with ThreadPoolExecutor(min(_WORKERS, 4)) as pool:  # each worker holds one shard's bytes
+    with ThreadPoolExecutor(_WORKERS) as pool:
         entries = list(pool.map(write_shard, range(len(shards))))
     for name, data in extra.items():
         _write(tmp / name, data)
@@ -123,6 +123,8 @@ def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict
         if "@" in name:
             raise ValueError(f"tensor name {name!r} contains '@' (reserved for split tensors)")
         t = tensors[name].detach().cpu().contiguous()
+        if t.dtype not in _DTYPES:
+            raise ValueError(f"tensor {name!r}: dtype {t.dtype} cannot be stored")
         index[name] = {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "parts": []}
         if t.nbytes <= room:  # whole, in the current shard
             shards[-1][name] = t
@@ -147,6 +149,37 @@ def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict
             room -= n * t.element_size()
             start += n
     return shards, index
+
+
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[int, str]:
+    """Write one safetensors file straight from tensor memory, hashing on the way; (bytes, sha256).
+
+    The layout is safetensors' own (u64 header length, JSON header, raw little-endian data; loaded
+    back by safetensors itself): safetensors.torch.save copies each shard twice holding the GIL, which
+    capped saving at 0.6 GB/s on the H200 host whatever the thread count.
+    """
+    header, offset = {}, 0
+    for key, t in tensors.items():
+        header[key] = {
+            "dtype": _DTYPES[t.dtype],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + t.nbytes],
+        }
+        offset += t.nbytes
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # data 8-byte aligned, as safetensors writes it
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for t in [len(head).to_bytes(8, "little"), head, *(_raw(t) for t in tensors.values())]:
+            digest.update(t)  # hashlib and file writes release the GIL: shards go out in parallel
+            f.write(t)
+        f.flush()
+        os.fsync(f.fileno())
+    return 8 + len(head) + offset, digest.hexdigest()
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 def _write(path: Path, data: bytes) -> None:

@@ -17,7 +17,9 @@ import argparse
 import hashlib
 import json
 import os
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
     Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
+    Qwen3_5Tokenizer,
 )
 
 from data.prompt import SYSTEM_PROMPT, prompt_messages  # noqa: E402
@@ -74,7 +77,7 @@ class BuildConfig:
     """Everything that determines the built weights; its hash is recorded in the manifest."""
 
     seed: int = 0
-    vocab_size: int = 512
+    vocab_size: int = 1024
     tokenizer_corpus_size: int = 3000
     tokenizer_corpus_seed: int = 1001
     hidden_size: int = 96
@@ -100,12 +103,18 @@ class BuildConfig:
 
 # --- tokenizer -----------------------------------------------------------------------------------
 def build_tokenizer(cfg: BuildConfig) -> PreTrainedTokenizerFast:
-    """Byte-level BPE trained on synthetic task text: any text round-trips, synthetic text is short."""
-    corpus = [SYSTEM_PROMPT]
+    """Byte-level BPE trained on synthetic task text with Qwen3.5's own normalizer and pre-tokenizer.
+
+    `AutoTokenizer` loads any checkpoint of this architecture as `Qwen3_5Tokenizer`, which rebuilds that
+    pipeline (NFC, Qwen's split regex with one digit per token, byte level) around the saved vocab and
+    merges; training under the same pipeline makes the saved tokenizer encode exactly like this one.
+    """
+    corpus = [SYSTEM_PROMPT] * 200  # weighted so that the prompt every example carries encodes short
     for t in generate_tasks(cfg.tokenizer_corpus_size, cfg.tokenizer_corpus_seed):
         corpus += [t["problem"], t["solution"]]
+    qwen = Qwen3_5Tokenizer().backend_tokenizer
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.normalizer, tok.pre_tokenizer = qwen.normalizer, qwen.pre_tokenizer
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
@@ -138,8 +147,8 @@ def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 32,
-        "linear_num_key_heads": 2,
-        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 1,
+        "linear_num_value_heads": 2,
         "linear_key_head_dim": 32,
         "linear_value_head_dim": 32,
         "linear_conv_kernel_dim": 4,
@@ -316,6 +325,18 @@ def evaluate_base(model, tokenizer, tasks: list[dict], *, cap: int, samples: int
     }
 
 
+@contextmanager
+def single_thread():
+    """One intra-op thread: on a shared 2-core CPU two threads oversubscribe and run ~10x slower,
+    and a fixed thread count keeps the float reductions, hence the weights, reproducible."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 # --- the whole build -----------------------------------------------------------------------------
 def embedded_tasks() -> list[dict]:
     return generate_tasks(EMBEDDED_SNAPSHOT_SIZE, EMBEDDED_SNAPSHOT_SEED)
@@ -364,24 +385,21 @@ def build_base(
     if snapshot is not None:
         manifest["snapshot"] = {"path": str(snapshot), "sha256": write_snapshot(tasks, snapshot)}
 
-    t0 = time.perf_counter()
-    tokenizer = build_tokenizer(cfg)
-    model = build_model(cfg, tokenizer)
-    pool = sft_pool(cfg, exclude_problems={t["problem"] for t in tasks})
-    manifest["sft"] = warm_start(model, tokenizer, pool, cfg, out / "sft_work")
-    manifest["sft"].update(pool_size=len(pool), seconds=round(time.perf_counter() - t0, 1))
-    for leftover in (out / "sft_work").glob("*"):  # the Trainer's scratch dir; nothing of it is needed
-        leftover.unlink()
-    (out / "sft_work").rmdir()
-
-    model.save_pretrained(out)  # float32: see docs/embedded_default.md
-    tokenizer.save_pretrained(out)
-    if eval_problems:
-        by_id = {t["id"]: t for t in tasks}
-        heldout = [by_id[i] for i in embedded_eval_sets(tasks).heldout[:eval_problems]]
-        report = evaluate_base(model, tokenizer, heldout, cap=EMBEDDED_CAP, samples=8, seed=cfg.seed)
-        (out / REPORT).write_text(json.dumps(report, indent=1) + "\n")
-        manifest["report"] = REPORT
+    with single_thread(), tempfile.TemporaryDirectory() as work:
+        t0 = time.perf_counter()
+        tokenizer = build_tokenizer(cfg)
+        model = build_model(cfg, tokenizer)
+        pool = sft_pool(cfg, exclude_problems={t["problem"] for t in tasks})
+        manifest["sft"] = warm_start(model, tokenizer, pool, cfg, Path(work))
+        manifest["sft"].update(pool_size=len(pool), seconds=round(time.perf_counter() - t0, 1))
+        model.save_pretrained(out)  # float32: see docs/embedded_default.md
+        tokenizer.save_pretrained(out)
+        if eval_problems:
+            by_id = {t["id"]: t for t in tasks}
+            heldout = [by_id[i] for i in embedded_eval_sets(tasks).heldout[:eval_problems]]
+            report = evaluate_base(model, tokenizer, heldout, cap=EMBEDDED_CAP, samples=8, seed=cfg.seed)
+            (out / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+            manifest["report"] = REPORT
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

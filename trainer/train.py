@@ -91,7 +91,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     # Order matters: train time is closed, then evaluation runs, then the step's row, then saving.
     trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb))
     trainer.add_callback(eval_cb)
-    trainer.add_callback(CheckpointCallback(trainer, run_dir))
+    trainer.add_callback(CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path)))
     if resume is not None:
         trainer.resume_state, trainer._resume = resume[0], resume[1:]
         truncate_steps(run_dir, after=trainer._resume[1]["step"])

@@ -1,0 +1,35 @@
+"""Two CPU processes (accelerate launch, gloo) select the same groups with the same advantages as one."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("dist_probe.py")
+
+
+def launch(processes: int, tmp_path: Path) -> dict:
+    result = tmp_path / f"result{processes}.json"
+    # --multi_gpu is accelerate's torchrun launcher; without CUDA it runs CPU processes over gloo.
+    mode = ["--multi_gpu"] if processes > 1 else ["--cpu"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", str(processes)]
+    cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd += [str(PROBE), str(tmp_path / f"run{processes}"), str(result)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(result.read_text())
+
+
+@pytest.mark.slow
+def test_two_processes_match_one(tmp_path):
+    one, two = launch(1, tmp_path), launch(2, tmp_path)
+    assert (one["processes"], two["processes"]) == (1, 2)
+    for key in ("groups", "task_ids_trained", "outcomes_sampled", "active", "num_items_in_batch"):
+        assert one[key] == two[key], key
+    assert one["advantages"] == pytest.approx(two["advantages"], abs=1e-6)
+    # the probe's script makes the step non-trivial: several rounds, rejected groups, masked rows
+    assert one["groups"]["rounds"] > 1 and one["groups"]["rejected"] and 0 in one["active"]

@@ -77,7 +77,7 @@ def main() -> None:
             print(f"pool start, {workers} worker(s): {time.perf_counter() - start:.1f} s")
             throughput(f"pool, {workers} worker(s)", pool.grade_batch, completions, references)
 
-    print(f"hostile completions, 2 workers, timeout {args.timeout:g} s (latency includes no worker restart):")
+    print(f"hostile completions, one per batch, 2 warm workers, timeout {args.timeout:g} s:")
     with GraderPool(workers=2, timeout_s=args.timeout) as pool:
         worst = 0.0
         for name, completion in hostile_completions().items():

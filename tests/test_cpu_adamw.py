@@ -51,7 +51,7 @@ def run(model, opt, steps, resume=None):
     return sched
 
 
-@pytest.mark.parametrize("chunk_elems", [2**18, 4099])  # 4099: odd, splits params and batches across chunks
+@pytest.mark.parametrize("chunk_elems", [2**20, 4099])  # 4099: odd, splits params and batches across chunks
 def test_matches_torch_adamw_bitwise(chunk_elems):
     ref_model, model = make_model(), make_model()
     ref = torch.optim.AdamW(groups(ref_model, named=False), **HYPER)
@@ -111,6 +111,21 @@ def test_export_import_resumes_exactly_through_state_shards(tmp_path):
     run(resumed, opt2, 2, resume=load_state(tmp_path / "state003"))
     for p, q in zip(straight.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
+
+
+def test_import_into_a_stepped_optimizer_rewinds_it():
+    model = make_model(torch.bfloat16)
+    opt = CPUAdamW(groups(model), **HYPER)
+    run(model, opt, 2)
+    tensors, meta = opt.export_state()
+    tensors = {k: v.clone() for k, v in tensors.items()}  # export gives the live state
+    meta = copy.deepcopy(meta)
+    run(model, opt, 2)
+    opt.import_state(tensors, meta)
+    assert opt.export_state()[1] == meta
+    for name, p in model.named_parameters():
+        assert torch.equal(opt.state[p]["exp_avg"], tensors[f"exp_avg/{name}"])
+        assert torch.equal(p, tensors[f"master/{name}"].to(torch.bfloat16))
 
 
 def test_import_refuses_mismatched_state():

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import types
+from dataclasses import replace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -27,6 +28,7 @@ from trainer.evaluation import (  # noqa: E402
     EvalCallback,
     EvalSpec,
     eval_path,
+    load_checkpoint,
     log_metrics,
     main,
     run_eval,
@@ -220,8 +222,10 @@ def test_evaluation_leaves_the_training_rng_and_module_modes_alone(model, tok):
     model.train()
     model.model.visual.eval()  # a frozen tower stays in eval mode
     torch.manual_seed(7)
+    threads = torch.get_num_threads()
     run_eval(model, tok, {HELDOUT: TASKS[:2]}, SPEC, step=0)
     assert torch.equal(torch.rand(5), expected)
+    assert torch.get_num_threads() == threads
     assert model.training and model.model.language_model.training and not model.model.visual.training
     model.eval()
 
@@ -312,21 +316,23 @@ def test_callback_fires_at_step_zero_every_n_and_at_the_last_step(tmp_path, mode
 
 
 @pytest.mark.slow
-def test_standalone_command_reproduces_in_process_rows(tmp_path, model, tok, rows):
+def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
+    model, tok = load_checkpoint(tiny_base, "cpu")  # as the trainer and the command load it
+    spec = replace(SPEC, cap=40)
+    rows = run_eval(model, tok, TASKS_BY_SET, spec, step=5)  # what training evaluated at step 5
     run_dir = tmp_path / "run"
-    for name in ("base", "run/step005"):
-        model.save_pretrained(tmp_path / name)
-        tok.save_pretrained(tmp_path / name)
+    model.save_pretrained(run_dir / "step005")  # ... and the checkpoint it saved
+    tok.save_pretrained(run_dir / "step005")
     snapshot = tmp_path / "tiny.tasks.json"
     write_snapshot(TASKS, snapshot)
     run = {
         "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
-        "base_model": str(tmp_path / "base"),
+        "base_model": str(tiny_base),
         "eval_sets": {name: [t["id"] for t in tasks] for name, tasks in TASKS_BY_SET.items()},
-        "eval": SPEC.to_json(),
+        "eval": spec.to_json(),
     }
     (run_dir / "run.json").write_text(json.dumps(run))
-    write_eval(run_dir, 5, rows)  # what training wrote at step 5
+    write_eval(run_dir, 5, rows)
     before = eval_path(run_dir, 5).read_bytes()
     assert main([str(run_dir), "--steps", "0,5", "--backend", "transformers", "--device", "cpu"]) == 0
     assert eval_path(run_dir, 5).read_bytes() == before

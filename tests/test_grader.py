@@ -211,7 +211,7 @@ def test_truncated_and_unboxed_items_need_no_worker(hooked_pool):
 def _hostile(marker: Path) -> dict[str, str]:
     shell = f"__import__('os').system('touch {marker}')"
     return {
-        "megabytes": "blah { \\frac{1}{2} " * 300_000 + "\\boxed{1}",
+        "megabytes": "blah { \\frac{1}{2} " * 150_000 + "\\boxed{1}",  # 3 MB
         "nested braces": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
         "nested fractions": "\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}",
         "exponent tower": "\\boxed{9^9^9^9^9}",

@@ -68,14 +68,22 @@ class CPUAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             yield from zip(group["param_names"], group["params"])
 
-    def _init_state(self) -> None:
-        """Allocate host state for every parameter (masters from the current values)."""
+    def _init_state(self, tensors: dict[str, torch.Tensor] | None = None) -> None:
+        """Allocate host state for every parameter: masters from the current values and zero moments,
+        or, from import_state, the given tensors themselves (no second copy of 12 bytes per parameter)."""
         if self.state:
             return
-        for _, p in self._named():
-            master = p.detach().to("cpu", torch.float32, copy=True)
-            self.state[p] = {"step": 0, "master": master, "exp_avg": torch.zeros_like(master),
-                             "exp_avg_sq": torch.zeros_like(master)}  # fmt: skip
+        for name, p in self._named():
+            if tensors is None:
+                master = p.detach().to("cpu", torch.float32, copy=True)
+                st = {
+                    "master": master,
+                    "exp_avg": torch.zeros_like(master),
+                    "exp_avg_sq": torch.zeros_like(master),
+                }
+            else:
+                st = {k: tensors[f"{k}/{name}"].to("cpu", torch.float32).contiguous() for k in _MOMENTS}
+            self.state[p] = {"step": 0, **st}
         device_params = [p for _, p in self._named() if p.device.type == "cuda"]
         for dtype in {p.dtype for p in device_params}:
             ps = [p for p in device_params if p.dtype == dtype]
@@ -188,7 +196,8 @@ class CPUAdamW(torch.optim.Optimizer):
     def import_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Restore masters, moments, per-parameter steps and group hyperparameters; then write the masters
         (cast to the parameter dtype) into the model parameters. Everything is checked before anything
-        changes; a mismatch raises ValueError naming the parameter or field."""
+        changes; a mismatch raises ValueError naming the parameter or field. Before the first step the
+        fp32 CPU tensors are adopted, not copied: the caller's dict then shares the live state."""
         if meta.get("format") != STATE_FORMAT:
             raise ValueError(f"optimizer state format is {meta.get('format')!r}, expected {STATE_FORMAT!r}")
         groups = meta.get("param_groups")
@@ -210,15 +219,17 @@ class CPUAdamW(torch.optim.Optimizer):
                     raise ValueError(
                         f"optimizer state tensor '{k}/{name}': {found}, expected {tuple(p.shape)}"
                     )
-        self._init_state()
+        if self.state:
+            for name, p in self._named():
+                for k in _MOMENTS:
+                    self.state[p][k].copy_(tensors[f"{k}/{name}"])
+        else:
+            self._init_state(tensors)
         for saved, g in zip(groups, self.param_groups):
             g.update({k: tuple(saved[k]) if k == "betas" else saved[k] for k in _HYPER if k in saved})
         for name, p in self._named():
-            st = self.state[p]
-            st["step"] = steps[name]
-            for k in _MOMENTS:
-                st[k].copy_(tensors[f"{k}/{name}"])
-            p.copy_(st["master"])
+            self.state[p]["step"] = steps[name]
+            p.copy_(self.state[p]["master"])
 
     # The base class's format would be cast to each parameter's dtype and device (bf16 on the GPU) on
     # load. accelerate's prepare() round-trips state_dict() through the device: lazy state keeps that empty.
@@ -229,6 +240,8 @@ class CPUAdamW(torch.optim.Optimizer):
         return {"tensors": tensors, "meta": meta}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        if "tensors" not in state_dict or "meta" not in state_dict:
+            raise ValueError("not a CPUAdamW state_dict (expected keys 'tensors' and 'meta')")
         if not state_dict["tensors"]:
             return
         self.import_state({k: v.cpu() for k, v in state_dict["tensors"].items()}, state_dict["meta"])

@@ -34,6 +34,7 @@ from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import render_prompt  # noqa: E402
+from data.snapshot import load_snapshot  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 
@@ -160,15 +161,23 @@ def _generate_vllm(llm, prompts, seeds, spec: EvalSpec, eos: list[int]):
 
 @contextmanager
 def _isolated(model) -> Iterator[None]:
-    """Eval mode and private RNG: the training run's random stream and module modes come back untouched."""
+    """Eval mode and private RNG: the training run's random stream and module modes come back untouched.
+
+    On CPU generation runs on one intra-op thread: float reductions then do not depend on the machine's
+    core count (so another machine reproduces the rows), and small models run faster on shared cores.
+    """
     modes = [(m, m.training) for m in model.modules()] if model is not None else []
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=devices):
         if model is not None:
             model.eval()
+            if model.device.type == "cpu":
+                torch.set_num_threads(1)
         try:
             yield
         finally:
+            torch.set_num_threads(threads)
             for module, training in modes:
                 module.training = training
 
@@ -407,8 +416,6 @@ def load_checkpoint(path: Path, device: str):
 
 def load_eval_tasks(run: Mapping, run_dir: Path) -> dict[str, list[dict]]:
     """The recorded eval sets, resolved against the snapshot pinned in run.json (sha256 verified)."""
-    from data.snapshot import load_snapshot
-
     snap = run.get("snapshot") or {}
     if not snap.get("path"):
         raise ValueError(f"{run_dir / 'run.json'}: missing 'snapshot.path'")
@@ -464,10 +471,8 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
         }
         spec = replace(run_spec, **{k: v for k, v in overrides.items() if v is not None})
-        if spec.cap == run_spec.cap and (spec.temperature, spec.top_p) != (
-            run_spec.temperature,
-            run_spec.top_p,
-        ):
+        sampling = (spec.temperature, spec.top_p)
+        if spec.cap == run_spec.cap and sampling != (run_spec.temperature, run_spec.top_p):
             raise ValueError(
                 "other sampling settings at the run's own cap would pass for its training-time "
                 "evaluation (eval_stepNNN.jsonl); evaluate them at another --cap"
@@ -503,9 +508,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generation_config(path: Path) -> GenerationConfig | None:
-    return (
-        GenerationConfig.from_pretrained(path) if (Path(path) / "generation_config.json").exists() else None
-    )
+    has_one = (Path(path) / "generation_config.json").exists()
+    return GenerationConfig.from_pretrained(path) if has_one else None
 
 
 if __name__ == "__main__":

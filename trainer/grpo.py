@@ -105,7 +105,8 @@ class CapGRPOTrainer(GRPOTrainer):
         )
         groups, trained = list(selection.groups), [True] * len(selection.groups)
         # Batch shapes stay fixed (and equal on every process); padding groups carry no loss at all.
-        fillers = [g for g in selection.sampled if g not in selection.groups] or selection.sampled
+        kept = {id(g) for g in selection.groups}
+        fillers = [g for g in selection.sampled if id(g) not in kept] or selection.sampled
         for i in range(selection.shortfall):
             groups.append(fillers[i % len(fillers)])
             trained.append(False)
@@ -116,25 +117,23 @@ class CapGRPOTrainer(GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         self.step_record = {"seconds": Counter(generate=0.0, grade=0.0, train=0.0, eval=0.0, save=0.0)}
         groups, trained, selection = self._select()
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        share = len(groups) // world
-        local = [(g, ok) for g, ok in zip(groups, trained, strict=True)][rank * share : (rank + 1) * share]
-        batch, self._pending_rollouts = [], []
-        for group, ok in local:
-            task = self.tasks[group.task_id]
+        rows = []  # every rollout of the step, in global order; each process trains its contiguous slice
+        for group, ok in zip(groups, trained, strict=True):
+            problem, answer = self.tasks[group.task_id]["problem"], self.tasks[group.task_id]["answer"]
             for ids, logps, outcome, _ in group.rollouts:
                 outcome = Outcome(outcome)
                 active = ok and self.policy.carries_loss(outcome)
-                batch.append(
-                    {
-                        "prompt": prompt_messages(task["problem"]),
-                        "answer": task["answer"],
-                        "task_id": group.task_id,
-                        "outcome": outcome,
-                        "active": active,
-                    }
-                )
-                self._pending_rollouts.append((ids, logps))
+                row = {
+                    "prompt": prompt_messages(problem),
+                    "answer": answer,
+                    "outcome": outcome,
+                    "active": active,
+                }
+                rows.append((row, (ids, logps)))
+        share = len(rows) // self.accelerator.num_processes
+        mine = rows[self.accelerator.process_index * share :][:share]
+        batch = [inp for inp, _ in mine]
+        self._pending_rollouts = [rollout for _, rollout in mine]
         output = super()._generate_and_score_completions(batch)
         output = self._apply_cap_policy(output, batch)
         self._record_selection(selection, groups, trained, output)

@@ -3,6 +3,7 @@
 ```
 stateNNN/shard-00000-of-00003.safetensors ...   ~shard_bytes each; tensors packed in sorted-name order
 stateNNN/descriptor.json   {"format", "total_bytes", "shards": [{"file", "bytes", "sha256", "tensors"}],
+                            "files": [{"file", "bytes", "sha256"}],   (extra JSON files, e.g. trainer_state)
                             "tensors": {name: {"dtype", "shape", "parts": [key, ...]}}}
 stateNNN/meta.json         the caller's meta + "descriptor_sha256" (sha256 of descriptor.json's bytes)
 ```
@@ -170,9 +171,9 @@ def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[int, str
     head += b" " * (-len(head) % 8)  # data 8-byte aligned, as safetensors writes it
     digest = hashlib.sha256()
     with open(path, "wb") as f:
-        for t in [len(head).to_bytes(8, "little"), head, *(_raw(t) for t in tensors.values())]:
-            digest.update(t)  # hashlib and file writes release the GIL: shards go out in parallel
-            f.write(t)
+        for part in [len(head).to_bytes(8, "little"), head, *(_raw(t) for t in tensors.values())]:
+            digest.update(part)  # hashlib and file writes release the GIL: shards go out in parallel
+            f.write(part)
         f.flush()
         os.fsync(f.fileno())
     return 8 + len(head) + offset, digest.hexdigest()
@@ -198,9 +199,9 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _clean_stale(parent: Path) -> None:
-    """Remove temp dirs of dead saves; `.X.old-*` only once X itself is back in place."""
-    for d in parent.glob(".*.*-*"):
-        m = re.fullmatch(r"\.(.+)\.(tmp|old)-(\d+)", d.name)
+    """Remove temp dirs of dead saves; `.stateNNN.old-*` only once stateNNN/ itself is back in place."""
+    for d in parent.glob(".state*.*-*"):
+        m = re.fullmatch(r"\.(state\d{3,})\.(tmp|old)-(\d+)", d.name)
         if not m or not d.is_dir() or (int(m[3]) != os.getpid() and _alive(int(m[3]))):
             continue
         if m[2] == "tmp" or (parent / m[1]).is_dir():
@@ -261,6 +262,10 @@ def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
         for key in t["parts"]:
             if key not in owner:
                 raise StateError(f"{desc_path}: tensor {name!r} part {key!r} is in no shard")
+    if desc.get("total_bytes") != sum(s.get("bytes", 0) for s in shards):
+        raise StateError(
+            f"{desc_path}: total_bytes {desc.get('total_bytes')} is not the sum of the shard sizes"
+        )
     listed = {s["file"] for s in shards}
     for f in sorted(dir.glob("shard-*.safetensors")):
         if f.name not in listed:
@@ -283,7 +288,7 @@ def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
         for s, digest in zip(shards + files, digests):
             if digest != s.get("sha256"):
                 raise StateError(f"{dir / s['file']}: sha256 mismatch (corrupted)")
-    return Descriptor(dir, shards, files, tensors, int(desc.get("total_bytes", 0)))
+    return Descriptor(dir, shards, files, tensors, desc["total_bytes"])
 
 
 def _sha256_file(path: Path) -> str:

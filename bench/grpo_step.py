@@ -1,0 +1,590 @@
+"""Time GRPO steps of one arm with CapGRPOTrainer and, side by side, with plain TRL `GRPOTrainer`.
+
+    python bench/grpo_step.py --steps 2 --groups 32 --G 8 --cap 1024 --arm S2 --out bench_out
+    python bench/grpo_step.py --hidden 64 --layers 4 --intermediate 128 --vocab 600 \\
+        --groups 2 --G 4 --cap 16 --steps 1                                       # CPU smoke run
+    accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2 bench/grpo_step.py \\
+        ... --no-plain --out bench_2gpu --compare-with bench_1gpu/grpo_step.json
+
+Per step: seconds in generation, grading, training (log-prob forward + backward of every micro-batch),
+optimizer step, optional eval and checkpoint; tokens generated per second; groups sampled per group
+trained; peak GPU memory. Both trainers get the same model (rebuilt from the same seed), tasks in the same
+order, seeds and settings. Ours runs with one selection round of `groups` problems, so it samples exactly
+what plain TRL samples; `--refill` adds a run of ours with the arm's gate refilling (up to 8 rounds).
+
+Random weights never answer anything, so grading is a seeded coin (docs/gpu.md): a rollout that really
+hit the cap is `truncated`; any other is `correct` with probability --p-correct, `format_rejected` with
+--p-format, else `wrong`, drawn from sha256(seed, task id, rollout index in its group, step). A random
+model almost never emits its EOS token, so `--model random-qwen35` declares K extra stop tokens in the
+generation config (real EOS ids to generation and to truncation detection alike), K chosen so that
+about --p-ended of the rollouts end before the cap; K = 0 with --p-ended 0 (every rollout capped).
+"""
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from tokenizers import Tokenizer  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerFast,
+    Qwen3_5Config,
+    Qwen3_5ForConditionalGeneration,
+    TrainerCallback,
+)
+from trl import GRPOTrainer  # noqa: E402
+
+from data.prompt import prompt_messages  # noqa: E402
+from data.sampler import TaskSampler  # noqa: E402
+from data.snapshot import load_snapshot, write_snapshot  # noqa: E402
+from data.synthetic import generate_tasks  # noqa: E402
+from rewards.grader import Grade  # noqa: E402
+from rewards.outcome import Outcome  # noqa: E402
+from rewards.reward import OutcomeReward  # noqa: E402
+from trainer.arms import ARMS  # noqa: E402
+from trainer.checkpoint import save_state_dir, save_weights  # noqa: E402
+from trainer.config import CapGRPOConfig  # noqa: E402
+from trainer.cpu_adamw import CPUAdamW  # noqa: E402
+from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
+from trainer.grpo import CapGRPOTrainer  # noqa: E402
+from trainer.tiny_base import SPECIAL_TOKENS, BuildConfig, build_tokenizer  # noqa: E402
+from trainer.train import load_base_model  # noqa: E402
+
+COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
+COMPARED = ("sampled", "qualified", "trained", "loss")  # what --compare-with checks between two runs
+
+
+# --- the coin grader ------------------------------------------------------------------------------
+class CoinGrader:
+    """GraderPool's `grade_batch` API with a seeded coin instead of math-verify.
+
+    Rows come in groups of `group_size` consecutive rollouts of one task (how both trainers order them);
+    the reference answer carries the task id (the benchmark's snapshot stores it there, see `bench_tasks`).
+    """
+
+    def __init__(self, p_correct: float, p_format: float, seed: int, group_size: int, step_fn):
+        if not (0 <= p_correct and 0 <= p_format and p_correct + p_format <= 1):
+            raise ValueError(f"--p-correct {p_correct} and --p-format {p_format} must be >= 0, sum <= 1")
+        self.p_correct, self.p_format, self.seed, self.group_size = p_correct, p_format, seed, group_size
+        self.step_fn = step_fn
+        self.seconds = 0.0
+        self.outcomes: list[list[Outcome]] = []  # the groups graded since the last `pop_groups`
+
+    def draw(self, task_id: str, index: int, step: int) -> float:
+        digest = hashlib.sha256(f"capgrpo-coin:{self.seed}:{task_id}:{index}:{step}".encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64
+
+    def grade_batch(self, completions, references, truncated) -> list[Grade]:
+        t0 = time.perf_counter()
+        if len(references) % self.group_size:
+            raise ValueError(f"coin grader: {len(references)} rows are not whole groups of {self.group_size}")
+        step, grades = self.step_fn(), []
+        for row, (task_id, capped) in enumerate(zip(references, truncated, strict=True)):
+            u = self.draw(task_id, row % self.group_size, step)
+            if capped:
+                outcome = Outcome.TRUNCATED
+            elif u < self.p_correct:
+                outcome = Outcome.CORRECT
+            elif u < self.p_correct + self.p_format:
+                outcome = Outcome.FORMAT_REJECTED
+            else:
+                outcome = Outcome.WRONG
+            grades.append(Grade(outcome, None))
+        g = self.group_size
+        self.outcomes += [[x.outcome for x in grades[i : i + g]] for i in range(0, len(grades), g)]
+        self.seconds += time.perf_counter() - t0
+        return grades
+
+    def pop_groups(self) -> list[list[Outcome]]:
+        groups, self.outcomes = self.outcomes, []
+        return groups
+
+
+# --- model and tokenizer ---------------------------------------------------------------------------
+def padded_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """tiny_base's byte-level BPE tokenizer, its vocabulary padded with never-merged dummy tokens to `vocab`
+    entries, so that the embedding and output layers have the real row count."""
+    small = build_tokenizer(BuildConfig(vocab_size=min(1024, vocab), tokenizer_corpus_size=300))
+    spec = json.loads(small.backend_tokenizer.to_str())
+    table = spec["model"]["vocab"]
+    i = 0
+    while len(table) < vocab:  # ASCII letters and digits decode as themselves under the byte-level decoder
+        table.setdefault(f"dummy{i}x", len(table))
+        i += 1
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+        eos_token=small.eos_token,
+        pad_token=small.pad_token,
+        additional_special_tokens=SPECIAL_TOKENS[1:2] + SPECIAL_TOKENS[3:],  # as build_tokenizer
+        chat_template=small.chat_template,
+        padding_side="left",
+    )
+
+
+def random_qwen35(a, tokenizer, device: torch.device) -> Qwen3_5ForConditionalGeneration:
+    """A seeded random-init Qwen3.5 in bf16 (fp32 on CPU), built on `device`: layers 3 linear : 1 full."""
+    head_dim = 128 if a.hidden >= 512 else 16
+    heads = max(2, a.hidden // head_dim)
+    freqs = head_dim // 4  # rotary on half of head_dim, split over the t/h/w grids like Qwen3.5
+    text = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": a.hidden,
+        "intermediate_size": a.intermediate,
+        "num_hidden_layers": a.layers,
+        "layer_types": ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(a.layers)],
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 4),
+        "head_dim": head_dim,
+        "linear_num_key_heads": heads,
+        "linear_num_value_heads": 2 * heads,
+        "linear_key_head_dim": head_dim,
+        "linear_value_head_dim": head_dim,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 32768,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [freqs - 2 * (freqs // 3), freqs // 3, freqs // 3],
+            "mrope_interleaved": True,
+        },
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": False,
+    }
+    vision = {  # tiny: present so the real class (and its save path) is used, never run
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 4,
+        "out_hidden_size": a.hidden,
+        "num_position_embeddings": 16,
+    }
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(a.seed)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = Qwen3_5ForConditionalGeneration(config)
+    finally:
+        torch.set_default_dtype(before)
+    for name, p in model.named_parameters():
+        if "visual" in name:
+            p.requires_grad_(False)  # as load_base_model does: text-only RL never updates the vision tower
+    model.generation_config = GenerationConfig(
+        eos_token_id=[tokenizer.eos_token_id, *stop_tokens(a, len(tokenizer))],
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+    )
+    return model
+
+
+def stop_tokens(a, vocab: int) -> list[int]:
+    """K ids from the top of the vocabulary (dummy tokens when padded). A random model samples near-uniformly,
+    so each token stops a rollout with probability ~K/V: P(ended before cap) ~ 1 - exp(-cap K / V)."""
+    k = round(vocab * -math.log(1 - a.p_ended) / a.cap) if a.p_ended > 0 else 0
+    if k >= vocab // 2:
+        raise ValueError(f"--p-ended {a.p_ended} at --cap {a.cap} needs {k} stop tokens of {vocab}")
+    return list(range(vocab - k, vocab))
+
+
+def load_model(a, device: torch.device):
+    if a.model == "random-qwen35":
+        tokenizer = padded_tokenizer(a.vocab)
+        return random_qwen35(a, tokenizer, device), tokenizer
+    model, _ = load_base_model(a.model, "bfloat16" if device.type == "cuda" else "float32")
+    return model.to(device), AutoTokenizer.from_pretrained(a.model, padding_side="left")
+
+
+def bench_tasks(a, work: Path) -> list[dict]:
+    """Synthetic tasks through a snapshot file; each `answer` is replaced by the task id, which is what the
+    coin grader reads (it never compares answers)."""
+    tasks = generate_tasks(max(64, a.groups * a.steps * (8 if a.refill else 1) + a.eval_problems), a.seed)
+    path = work / "bench.tasks.json"
+    write_snapshot([{**t, "answer": t["id"]} for t in tasks], path)
+    return list(load_snapshot(path))
+
+
+# --- measurement ---------------------------------------------------------------------------------------
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+class Probe(TrainerCallback):
+    """Wall-clock marks of each step, the generation calls (patched on GRPOTrainer, which both trainers'
+    real generation goes through) and the grader's time; one record per optimizer step."""
+
+    def __init__(self, trainer, coin: CoinGrader, name: str, a, eval_tasks: list[dict], work: Path):
+        self.trainer, self.coin, self.name, self.a = trainer, coin, name, a
+        self.eval_tasks, self.work = eval_tasks, work
+        self.records: list[dict] = []
+        self.gen_seconds = self.gen_tokens = self.gen_rollouts = 0
+        wrapped = trainer._generate_and_score_completions
+
+        def timed_scoring(inputs):
+            out = wrapped(inputs)
+            sync()
+            self.scored_at = time.perf_counter()
+            return out
+
+        trainer._generate_and_score_completions = timed_scoring  # TRL calls it through the instance
+
+    @contextlib.contextmanager
+    def generation_timer(self):
+        original = GRPOTrainer._generate_single_turn
+
+        def timed(trainer, *args, **kwargs):
+            sync()
+            t0 = time.perf_counter()
+            completion_ids, logprobs = original(trainer, *args, **kwargs)
+            sync()
+            self.gen_seconds += time.perf_counter() - t0
+            self.gen_tokens += sum(len(ids) for ids in completion_ids)
+            self.gen_rollouts += len(completion_ids)
+            return completion_ids, logprobs
+
+        GRPOTrainer._generate_single_turn = timed
+        try:
+            yield
+        finally:
+            GRPOTrainer._generate_single_turn = original
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        sync()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self.gen_seconds = self.gen_tokens = self.gen_rollouts = 0
+        self.coin.seconds = 0.0
+        self.coin.pop_groups()
+        self.started = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        sync()
+        self.pre_optimizer = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        sync()
+        self.optimized = time.perf_counter()
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        sync()
+        ended = time.perf_counter()
+        step = state.global_step
+        eval_s = self.evaluate(model, step) if self.eval_tasks else 0.0
+        save_s = self.save(step) if self.a.checkpoint else 0.0
+        groups = self.coin.pop_groups()
+        policy = ARMS[self.a.arm].policy
+        record = getattr(self.trainer, "step_record", {}).get("groups")
+        sampled = record["sampled"] if record else len(groups)
+        seconds = {
+            "generate": self.gen_seconds,
+            "grade": self.coin.seconds,
+            "train": self.pre_optimizer - self.scored_at,
+            "optimizer": self.optimized - self.pre_optimizer,
+            "eval": eval_s,
+            "save": save_s,
+        }
+        seconds["total"] = ended - self.started + eval_s + save_s
+        seconds["other"] = seconds["total"] - sum(seconds[k] for k in COLUMNS[:4]) - eval_s - save_s
+        self.records.append(
+            {
+                "step": step,
+                "seconds": {k: round(seconds[k], 3) for k in COLUMNS},
+                "tokens_generated": self.gen_tokens,
+                "tokens_per_s": round(self.gen_tokens / max(self.gen_seconds, 1e-9), 1),
+                "rollouts": self.gen_rollouts,
+                "sampled": sampled,
+                "qualified": record["qualified"] if record else sum(map(policy.qualifies, groups)),
+                "trained": record["trained"] if record else len(groups),
+                "rounds": record["rounds"] if record else 1,
+                "outcomes": {o.value: sum(x is o for g in groups for x in g) for o in Outcome},
+                "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
+                if torch.cuda.is_available()
+                else None,
+            }
+        )
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs and self.records and self.records[-1]["step"] == state.global_step:
+            self.records[-1]["loss"] = logs["loss"]
+            self.records[-1]["grad_norm"] = logs.get("grad_norm")
+
+    def evaluate(self, model, step: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        spec = EvalSpec(
+            cap=self.a.cap, temperature=1.0, top_p=1.0, seed=1234, samples={"bench": 1}, batch_size=64
+        )
+        coin = CoinGrader(self.a.p_correct, self.a.p_format, self.a.seed, 1, lambda: step)
+        model = self.trainer.accelerator.unwrap_model(model)
+        generate_eval(model, self.trainer.processing_class, self.eval_tasks, spec, "bench", grade_fn=coin.grade_batch)
+        sync()
+        return time.perf_counter() - t0
+
+    def save(self, step: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        save_weights(self.trainer, self.work / self.name / f"step{step:03d}")
+        if isinstance(self.trainer, CapGRPOTrainer) and self.trainer.accelerator.is_main_process:
+            save_state_dir(self.trainer, self.work / self.name, step)
+        return time.perf_counter() - t0
+
+
+# --- the runs ------------------------------------------------------------------------------------------
+def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool) -> CapGRPOConfig:
+    """One config for both trainers: TRL reads its own fields and ignores ours."""
+    return CapGRPOConfig(
+        output_dir=str(out),
+        arm=a.arm,
+        groups_per_step=a.groups,
+        problems_per_round=a.groups,
+        max_sampling_rounds=rounds,
+        num_generations=a.G,
+        per_device_train_batch_size=a.batch,
+        max_completion_length=a.cap,
+        max_steps=a.steps,
+        seed=a.seed,
+        learning_rate=1e-6,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        temperature=1.0,
+        shuffle_dataset=False,  # plain TRL then takes the prompts in the task sampler's order
+        bf16=on_cuda,
+        gradient_checkpointing=on_cuda and not a.no_grad_ckpt,
+        use_cpu=not on_cuda,
+        cpu_adamw=a.cpu_adamw,
+        eval_every=0,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+
+
+def cpu_adamw_for(model, args) -> CPUAdamW:
+    """The optimizer CapGRPOTrainer.create_optimizer builds, for plain TRL (no weight-decay split: wd=0)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return CPUAdamW(
+        named,
+        lr=args.learning_rate,
+        betas=(args.adam_beta1, args.adam_beta2),
+        eps=args.adam_epsilon,
+        weight_decay=args.weight_decay,
+    )
+
+
+def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, rounds: int) -> dict:
+    model, tokenizer = load_model(a, device)
+    on_cuda = device.type == "cuda"
+    args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda)
+    eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
+    pool = tasks[: len(tasks) - a.eval_problems]
+    trainer = None
+    coin = CoinGrader(a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step)
+    if name == "plain":
+        order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
+        by_id = {t["id"]: t for t in pool}
+        data = Dataset.from_list(
+            [{"prompt": prompt_messages(by_id[t]["problem"]), "answer": t, "task_id": t} for t in order]
+        )
+        eos = model.generation_config.eos_token_id
+        reward = OutcomeReward(eos if isinstance(eos, list) else [eos], pool=coin)
+        single = args.cpu_adamw or (args.cpu_adamw is None and on_cuda and args.world_size == 1)
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[reward],
+            args=args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            optimizers=(cpu_adamw_for(model, args) if single else None, None),
+        )
+        reward.eos_token_ids = frozenset(trainer.eos_token_ids)
+    else:
+        trainer = CapGRPOTrainer(
+            model,
+            args,
+            tasks={t["id"]: t for t in pool},
+            sampler=TaskSampler([t["id"] for t in pool], seed=args.task_seed),
+            grader=coin,
+            processing_class=tokenizer,
+        )
+    probe = Probe(trainer, coin, name, a, eval_tasks, work)
+    trainer.add_callback(probe)
+    with probe.generation_timer():
+        trainer.train()
+    optimizer = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
+    params = sum(p.numel() for p in model.parameters())
+    del trainer, model
+    gc.collect()
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return {"optimizer": optimizer, "params": params, "max_sampling_rounds": rounds, "steps": probe.records}
+
+
+# --- reporting -----------------------------------------------------------------------------------------
+def steady(steps: list[dict], key: str) -> float:
+    """Mean over the steps after the first (warm-up: allocator, kernels); the only step if there is one."""
+    rows = steps[1:] or steps
+    return statistics.mean(r["seconds"][key] for r in rows)
+
+
+def markdown(result: dict) -> str:
+    head = "| run | step | " + " | ".join(f"{c} s" for c in COLUMNS) + " | tok/s | sampled/trained | "
+    head += "qualified | loss | peak GiB |\n|" + "---|" * (len(COLUMNS) + 8) + "\n"
+    lines = []
+    for name, run in result["runs"].items():
+        for r in run["steps"]:
+            cells = [name, r["step"], *(f"{r['seconds'][c]:.2f}" for c in COLUMNS), f"{r['tokens_per_s']:.0f}"]
+            cells += [f"{r['sampled']}/{r['trained']}", r["qualified"], _fmt(r.get("loss")), r["peak_gpu_gib"]]
+            lines.append("| " + " | ".join(map(str, cells)) + " |")
+    text = head + "\n".join(lines) + "\n"
+    if ratio := result.get("ratio_ours_over_plain"):
+        text += "\nours / plain (steady-state mean): " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items())
+        text += "\n"
+    return text
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def compare(result: dict, path: Path) -> list[str]:
+    """Per step and run, the COMPARED fields that differ between this result and the one at `path`."""
+    other = json.loads(path.read_text())
+    diffs = []
+    for name, run in result["runs"].items():
+        theirs = {r["step"]: r for r in other["runs"].get(name, {}).get("steps", [])}
+        for r in run["steps"]:
+            t = theirs.get(r["step"])
+            if t is None:
+                diffs.append(f"{name} step {r['step']}: not in {path}")
+                continue
+            for key in COMPARED:
+                if r.get(key) != t.get(key):
+                    diffs.append(f"{name} step {r['step']} {key}: {r.get(key)} here, {t.get(key)} in {path}")
+    return diffs
+
+
+def environment(device: torch.device) -> dict:
+    from transformers.utils.import_utils import is_causal_conv1d_available, is_flash_linear_attention_available
+
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "torch": torch.__version__,
+        "fla": is_flash_linear_attention_available(),
+        "causal_conv1d": is_causal_conv1d_available(),
+        "vllm": importlib.util.find_spec("vllm") is not None,
+    }
+
+
+def parse(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="random-qwen35", help="'random-qwen35' or a checkpoint directory")
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--intermediate", type=int, default=6144)
+    ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--arm", default="S2")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--groups", type=int, default=32, help="groups per step (= problems sampled per step)")
+    ap.add_argument("--G", type=int, default=8, help="rollouts per group")
+    ap.add_argument("--cap", type=int, default=1024, help="max completion tokens")
+    ap.add_argument("--batch", type=int, default=None, help="rows per micro-batch (default: 4 on CUDA, G)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--p-correct", type=float, default=0.3)
+    ap.add_argument("--p-format", type=float, default=0.0)
+    ap.add_argument("--p-ended", type=float, default=0.5, help="share of random-model rollouts ending early")
+    ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
+    ap.add_argument("--no-grad-ckpt", action="store_true", help="CUDA: gradient checkpointing off")
+    ap.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True, help="also plain TRL")
+    ap.add_argument("--refill", action="store_true", help="also ours with gate refill (8 rounds)")
+    ap.add_argument("--eval-problems", type=int, default=0, help="eval N problems after each step (0: off)")
+    ap.add_argument("--checkpoint", action="store_true", help="time stepNNN/ (+ stateNNN/ for ours)")
+    ap.add_argument("--out", type=Path, default=None, help="writes grpo_step.json and grpo_step.md")
+    ap.add_argument("--compare-with", type=Path, default=None, help="a grpo_step.json to compare against")
+    a = ap.parse_args(argv)
+    if a.batch is None:
+        a.batch = 4 if torch.cuda.is_available() else a.G
+    return a
+
+
+def main(argv=None) -> dict:
+    a = parse(argv)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    env = environment(device)
+    if rank0:
+        print(f"environment: {json.dumps(env)}", flush=True)
+        print(
+            "grading: seeded coin (truncated = really hit the cap; else correct with p="
+            f"{a.p_correct}, format_rejected with p={a.p_format}, else wrong)",
+            flush=True,
+        )
+    with tempfile.TemporaryDirectory(prefix="grpo_step-") as tmp:
+        work = Path(tmp)
+        tasks = bench_tasks(a, work)
+        plan = [("ours", 1)] + [("plain", 1)] * a.plain + [("ours-refill", 8)] * a.refill
+        runs = {}
+        for name, rounds in plan:
+            t0 = time.perf_counter()
+            runs[name] = run_arm(a, name, tasks, work, device, rounds)
+            runs[name]["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "env": env}
+    result["runs"] = runs
+    if "plain" in runs:
+        result["ratio_ours_over_plain"] = {
+            k: steady(runs["ours"]["steps"], k) / max(steady(runs["plain"]["steps"], k), 1e-9)
+            for k in ("generate", "train", "optimizer", "total")
+        }
+    if rank0:
+        print(markdown(result), flush=True)
+        if a.out:
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "grpo_step.json").write_text(json.dumps(result, indent=1) + "\n")
+            (a.out / "grpo_step.md").write_text(markdown(result))
+        if a.compare_with:
+            diffs = compare(result, a.compare_with)
+            print("\n".join(diffs) if diffs else f"no differences in {COMPARED} from {a.compare_with}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""The tiny base model: the real architecture, a Qwen-style tokenizer, and a save/load path that round-trips."""
+
+import hashlib
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, GenerationConfig, Qwen3_5ForConditionalGeneration
+
+from data.prompt import SYSTEM_PROMPT, prompt_messages, render_prompt
+from data.synthetic import generate_tasks
+from rewards.outcome import Outcome
+from trainer.tiny_base import (
+    ARCHITECTURE,
+    MANIFEST,
+    BuildConfig,
+    build_base,
+    build_model,
+    build_tokenizer,
+    evaluate_base,
+    is_complete,
+)
+
+CFG = BuildConfig()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(CFG)
+
+
+def _load(path):
+    return AutoTokenizer.from_pretrained(path), Qwen3_5ForConditionalGeneration.from_pretrained(path)
+
+
+def test_tokenizer_has_eos_pad_and_qwen_chat_template(tokenizer):
+    assert (tokenizer.eos_token, tokenizer.pad_token) == ("<|im_end|>", "<|endoftext|>")
+    assert tokenizer.eos_token_id != tokenizer.pad_token_id
+    assert render_prompt(tokenizer, "Compute $1 + 1$.") == (
+        f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n"
+        "<|im_start|>user\nCompute $1 + 1$.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    turn = prompt_messages("p") + [{"role": "assistant", "content": "The answer is $\\boxed{2}$."}]
+    ids = tokenizer(tokenizer.apply_chat_template(turn, tokenize=False), add_special_tokens=False)["input_ids"]
+    assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
+    assert ids.count(tokenizer.eos_token_id) == 3
+    text = "Ünïcode ∑ 12/34 and \\frac{1}{2}\n"  # byte level: text outside the training corpus round-trips
+    assert tokenizer.decode(tokenizer(text, add_special_tokens=False)["input_ids"]) == text
+
+
+def test_untrained_model_saves_and_reloads_as_the_real_architecture(tokenizer, tmp_path):
+    model = build_model(CFG, tokenizer)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert (config["architectures"], config["model_type"]) == ([ARCHITECTURE], "qwen3_5")
+    assert set(config["text_config"]["layer_types"]) == {"linear_attention", "full_attention"}
+    assert config["text_config"]["vocab_size"] == len(tokenizer)
+
+    loaded_tok, loaded = _load(tmp_path)
+    assert type(loaded) is Qwen3_5ForConditionalGeneration
+    original = model.state_dict()
+    assert all(torch.equal(original[k], v) for k, v in loaded.state_dict().items())
+    assert sum(p.numel() for p in loaded.model.visual.parameters()) > 0
+    # AutoTokenizer rebuilds Qwen3.5's pipeline around the saved vocab: it must encode exactly like ours
+    for t in generate_tasks(50, seed=11):
+        text = render_prompt(tokenizer, t["problem"]) + t["solution"]
+        assert loaded_tok(text)["input_ids"] == tokenizer(text)["input_ids"]
+
+
+@pytest.mark.slow
+def test_saved_base_reloads_with_identical_weights_and_vision_tower(tiny_base):
+    tok, model = _load(tiny_base)
+    assert type(model) is Qwen3_5ForConditionalGeneration
+    on_disk = load_file(tiny_base / "model.safetensors")
+    assert set(on_disk) == set(model.state_dict())
+    assert all(torch.equal(on_disk[k], v) for k, v in model.state_dict().items())
+    assert any(k.startswith("model.visual.") for k in on_disk)
+    gen = GenerationConfig.from_pretrained(tiny_base)
+    assert (gen.eos_token_id, gen.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    assert json.loads((tiny_base / MANIFEST).read_text())["architecture"] == ARCHITECTURE
+
+
+@pytest.mark.slow
+def test_saved_base_generates_and_stops_at_eos(tiny_base):
+    tok, model = _load(tiny_base)
+    prompts = [render_prompt(tok, t["problem"]) for t in generate_tasks(3, seed=2)]
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    torch.manual_seed(0)
+    out = model.generate(**enc, max_new_tokens=24, do_sample=True)
+    completions = out[:, enc["input_ids"].shape[1] :].tolist()
+    assert len(completions) == 3 and all(0 < len(c) <= 24 for c in completions)
+    for row in completions:  # after EOS only padding follows
+        if tok.eos_token_id in row:
+            assert set(row[row.index(tok.eos_token_id) + 1 :]) <= {tok.pad_token_id}
+
+
+@pytest.mark.slow
+def test_base_report_counts_every_sample(tiny_base):
+    tok, model = _load(tiny_base)
+    tasks = generate_tasks(3, seed=4)
+    report = evaluate_base(model, tok, tasks, cap=12, samples=2, seed=0)
+    assert sum(report["outcomes"].values()) == 6
+    assert set(report["outcomes"]) == {o.value for o in Outcome}
+    assert report["pass@1"] == report["outcomes"]["correct"] / (6 - report["outcomes"]["indeterminate"])
+    assert 0.0 <= report["gate_v1_share"] <= report["gate_v2_share"] <= 1.0
+
+
+@pytest.mark.slow
+def test_same_seed_same_weights(tmp_path):
+    short = {"sft_steps": 3, "sft_batch_size": 4, "sft_pool_size": 48}
+    digests = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        cfg = BuildConfig(seed=seed, **short)
+        build_base(tmp_path / name, cfg)
+        assert is_complete(tmp_path / name, cfg) and not is_complete(tmp_path / name, BuildConfig(seed=seed))
+        digests.append(hashlib.sha256((tmp_path / name / "model.safetensors").read_bytes()).hexdigest())
+    assert digests[0] == digests[1] != digests[2]

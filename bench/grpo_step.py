@@ -350,7 +350,9 @@ class Probe(TrainerCallback):
         )
         coin = CoinGrader(self.a.p_correct, self.a.p_format, self.a.seed, 1, lambda: step)
         model = self.trainer.accelerator.unwrap_model(model)
-        generate_eval(model, self.trainer.processing_class, self.eval_tasks, spec, "bench", grade_fn=coin.grade_batch)
+        generate_eval(
+            model, self.trainer.processing_class, self.eval_tasks, spec, "bench", grade_fn=coin.grade_batch
+        )
         sync()
         return time.perf_counter() - t0
 
@@ -388,7 +390,6 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool) -> CapGRPOConfig:
         gradient_checkpointing=on_cuda and not a.no_grad_ckpt,
         use_cpu=not on_cuda,
         cpu_adamw=a.cpu_adamw,
-        eval_every=0,
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -413,7 +414,6 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
     args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda)
     eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
     pool = tasks[: len(tasks) - a.eval_problems]
-    trainer = None
     coin = CoinGrader(a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step)
     if name == "plain":
         order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
@@ -448,10 +448,7 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
         trainer.train()
     optimizer = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     params = sum(p.numel() for p in model.parameters())
-    del trainer, model
-    gc.collect()
-    if on_cuda:
-        torch.cuda.empty_cache()
+    probe.trainer = None  # the caller frees the GPU memory once this frame's references are gone
     return {"optimizer": optimizer, "params": params, "max_sampling_rounds": rounds, "steps": probe.records}
 
 
@@ -464,12 +461,22 @@ def steady(steps: list[dict], key: str) -> float:
 
 def markdown(result: dict) -> str:
     head = "| run | step | " + " | ".join(f"{c} s" for c in COLUMNS) + " | tok/s | sampled/trained | "
-    head += "qualified | loss | peak GiB |\n|" + "---|" * (len(COLUMNS) + 8) + "\n"
+    head += "qualified | loss | peak GiB |\n|" + "---|" * (len(COLUMNS) + 7) + "\n"
     lines = []
     for name, run in result["runs"].items():
         for r in run["steps"]:
-            cells = [name, r["step"], *(f"{r['seconds'][c]:.2f}" for c in COLUMNS), f"{r['tokens_per_s']:.0f}"]
-            cells += [f"{r['sampled']}/{r['trained']}", r["qualified"], _fmt(r.get("loss")), r["peak_gpu_gib"]]
+            cells = [
+                name,
+                r["step"],
+                *(f"{r['seconds'][c]:.2f}" for c in COLUMNS),
+                f"{r['tokens_per_s']:.0f}",
+            ]
+            cells += [
+                f"{r['sampled']}/{r['trained']}",
+                r["qualified"],
+                _fmt(r.get("loss")),
+                _fmt(r["peak_gpu_gib"]),
+            ]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     text = head + "\n".join(lines) + "\n"
     if ratio := result.get("ratio_ours_over_plain"):
@@ -500,7 +507,10 @@ def compare(result: dict, path: Path) -> list[str]:
 
 
 def environment(device: torch.device) -> dict:
-    from transformers.utils.import_utils import is_causal_conv1d_available, is_flash_linear_attention_available
+    from transformers.utils.import_utils import (
+        is_causal_conv1d_available,
+        is_flash_linear_attention_available,
+    )
 
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -566,6 +576,9 @@ def main(argv=None) -> dict:
         for name, rounds in plan:
             t0 = time.perf_counter()
             runs[name] = run_arm(a, name, tasks, work, device, rounds)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
             runs[name]["wall_seconds"] = round(time.perf_counter() - t0, 1)
     result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "env": env}
     result["runs"] = runs

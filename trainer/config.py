@@ -55,6 +55,9 @@ class CapGRPOConfig(GRPOConfig):
     resume: str | None = field(
         default=None, metadata={"help": "Run dir with stepNNN/ and stateNNN/ to resume."}
     )
+    cpu_threads: int = field(
+        default=1, metadata={"help": "Intra-op threads on CPU-only runs (tiny models run fastest on one)."}
+    )
 
     def __post_init__(self):
         if isinstance(self.arms, str):

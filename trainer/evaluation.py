@@ -12,6 +12,7 @@ re-evaluates saved checkpoints after the fact, with the run's own sets and seeds
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import importlib.util
 import json
@@ -388,7 +389,7 @@ class EvalCallback(TrainerCallback):
         if dist.is_main_process:
             llm = self.llm_fn() if self.llm_fn is not None else None
             rows = run_eval(
-                model, self.tokenizer, self.tasks_by_set, self.spec, step, llm=llm, grade_fn=self.grade_fn
+                checkpoint_weights(model), self.tokenizer, self.tasks_by_set, self.spec, step, llm=llm, grade_fn=self.grade_fn
             )
             # a resumed run redoing this step supersedes what the interrupted run wrote
             write_eval(self.run_dir, step, rows, overwrite=True)
@@ -401,6 +402,16 @@ class EvalCallback(TrainerCallback):
 
 
 # --- after the fact -------------------------------------------------------------------------------
+def checkpoint_weights(model):
+    """The model as a checkpoint stores it (bf16), so `make eval` on stepNNN/ reproduces in-training rows.
+
+    A bf16 model is used as is; a float32 one (CPU runs) is evaluated through a bf16 copy.
+    """
+    if model is None or model.dtype == torch.bfloat16:
+        return model
+    return copy.deepcopy(model).to(torch.bfloat16)
+
+
 def load_checkpoint(path: Path, device: str):
     """A saved stepNNN/ (or the base model) with the architecture class named in its config.json."""
     config_file = Path(path) / "config.json"
@@ -410,7 +421,7 @@ def load_checkpoint(path: Path, device: str):
     cls = getattr(transformers, names[0], None) if names else None
     if cls is None:
         raise ValueError(f"{config_file}: 'architectures' {names!r} names no transformers class")
-    model = cls.from_pretrained(path, dtype="auto").to(device)
+    model = cls.from_pretrained(path, dtype=torch.bfloat16).to(device)  # what training evaluated
     return model, transformers.AutoTokenizer.from_pretrained(path)
 
 

@@ -1,0 +1,114 @@
+"""LoRA through `trainer.train.build_trainer`: one step trains only the adapter, and stepNNN/ is an adapter
+with a card that says so (configs/mimo9b/S2-lora.yaml's path, on the tiny random model)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+from trl import GRPOTrainer, ModelConfig
+
+import trainer.train as train
+from data.snapshot import write_snapshot
+from data.synthetic import generate_tasks
+from tests.scripted import TEXT, TextGrader, tiny_random_model
+from trainer.config import CapGRPOConfig
+
+G = 4
+CAP = 24
+
+
+class GradRecorder(TrainerCallback):
+    """Names of the parameters holding a non-zero gradient right before the optimizer step."""
+
+    def __init__(self, model):
+        self.model, self.with_grad = model, set()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.with_grad |= {
+            n for n, p in self.model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0
+        }
+
+
+@pytest.fixture
+def lora_run(tmp_path, monkeypatch):
+    tok, model = tiny_random_model()
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    snapshot = tmp_path / "tasks.tasks.json"
+    write_snapshot(generate_tasks(12, seed=0), snapshot)
+
+    # Every problem yields correct, wrong, correct, wrong (ended by EOS): every group qualifies under S2.
+    rollouts = [tok(TEXT[c], add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in "CWCW"]
+
+    def scripted(self, prompt_ids, *args, **kwargs):
+        return [rollouts[i % G] for i in range(len(prompt_ids))], None
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
+    monkeypatch.setattr(train, "GraderPool", lambda **kw: TextGrader())  # reads the outcome off the text
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path / "run"),
+        arm="S2",
+        groups_per_step=2,
+        num_generations=G,
+        per_device_train_batch_size=2 * G,
+        max_completion_length=CAP,
+        max_steps=1,
+        snapshot_path=str(snapshot),
+        heldout_size=2,
+        fixed_size=2,
+        fixed_samples=1,
+        eval_every=1,
+        checkpoint_steps=[1],
+        learning_rate=1e-2,
+        beta=0.0,
+        use_cpu=True,
+        bf16=False,
+        report_to="none",
+        disable_tqdm=True,
+        seed=0,
+    )
+    model_args = ModelConfig(
+        model_name_or_path=str(base),
+        dtype="float32",
+        use_peft=True,
+        lora_r=4,
+        lora_alpha=8,
+        lora_dropout=0.0,
+        lora_target_modules=["all-linear"],
+    )
+    trainer = train.build_trainer(args, model_args)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    recorder = GradRecorder(trainer.model)
+    trainer.add_callback(recorder)
+    trainer.train()
+    return trainer, before, recorder.with_grad, tmp_path / "run"
+
+
+def test_only_adapter_parameters_train(lora_run):
+    trainer, before, with_grad, _ = lora_run
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert trainable and all("lora_" in n for n in trainable)
+    assert with_grad and with_grad <= trainable
+    assert changed and changed <= trainable
+    # the text model's adapters learn; the vision tower never runs, so its adapters get no gradient
+    assert any("language_model" in n for n in with_grad)
+
+
+def test_checkpoint_is_an_adapter_with_an_adapter_card(lora_run):
+    trainer, _, _, run = lora_run
+    step = run / "step001"
+    config = json.loads((step / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert not (step / "model.safetensors").exists()
+    weights = load_file(step / "adapter_model.safetensors")
+    assert weights and all("lora_" in k for k in weights)
+    trained = dict(trainer.model.named_parameters())
+    some_b = next(k for k in weights if "lora_B" in k and "language_model" in k)
+    assert weights[some_b].abs().sum() > 0  # lora_B starts at zero: the saved adapter holds the trained step
+    assert any(n.endswith(some_b.removesuffix(".weight") + ".default.weight") for n in trained)
+    card = (step / "README.md").read_text()
+    assert "LoRA adapter" in card  # needs the cards/card.py change in docs/gpu.md ("LoRA")

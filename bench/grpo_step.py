@@ -39,6 +39,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 
 import torch  # noqa: E402
+from accelerate.utils import gather_object  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import (  # noqa: E402
@@ -79,11 +80,11 @@ class CoinGrader:
     the reference answer carries the task id (the benchmark's snapshot stores it there, see `bench_tasks`).
     """
 
-    def __init__(self, p_correct: float, p_format: float, seed: int, group_size: int, step_fn):
+    def __init__(self, p_correct, p_format, seed: int, group_size: int, step_fn, coin_only: bool = False):
         if not (0 <= p_correct and 0 <= p_format and p_correct + p_format <= 1):
             raise ValueError(f"--p-correct {p_correct} and --p-format {p_format} must be >= 0, sum <= 1")
         self.p_correct, self.p_format, self.seed, self.group_size = p_correct, p_format, seed, group_size
-        self.step_fn = step_fn
+        self.step_fn, self.coin_only = step_fn, coin_only
         self.seconds = 0.0
         self.outcomes: list[list[Outcome]] = []  # the groups graded since the last `pop_groups`
 
@@ -98,7 +99,7 @@ class CoinGrader:
         step, grades = self.step_fn(), []
         for row, (task_id, capped) in enumerate(zip(references, truncated, strict=True)):
             u = self.draw(task_id, row % self.group_size, step)
-            if capped:
+            if capped and not self.coin_only:
                 outcome = Outcome.TRUNCATED
             elif u < self.p_correct:
                 outcome = Outcome.CORRECT
@@ -251,7 +252,7 @@ class Probe(TrainerCallback):
         self.trainer, self.coin, self.name, self.a = trainer, coin, name, a
         self.eval_tasks, self.work = eval_tasks, work
         self.records: list[dict] = []
-        self.gen_seconds = self.gen_tokens = self.gen_rollouts = 0
+        self.gen_seconds = self.gen_tokens = 0
         wrapped = trainer._generate_and_score_completions
 
         def timed_scoring(inputs):
@@ -273,7 +274,6 @@ class Probe(TrainerCallback):
             sync()
             self.gen_seconds += time.perf_counter() - t0
             self.gen_tokens += sum(len(ids) for ids in completion_ids)
-            self.gen_rollouts += len(completion_ids)
             return completion_ids, logprobs
 
         GRPOTrainer._generate_single_turn = timed
@@ -286,7 +286,7 @@ class Probe(TrainerCallback):
         sync()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        self.gen_seconds = self.gen_tokens = self.gen_rollouts = 0
+        self.gen_seconds = self.gen_tokens = 0
         self.coin.seconds = 0.0
         self.coin.pop_groups()
         self.started = time.perf_counter()
@@ -305,7 +305,9 @@ class Probe(TrainerCallback):
         step = state.global_step
         eval_s = self.evaluate(model, step) if self.eval_tasks else 0.0
         save_s = self.save(step) if self.a.checkpoint else 0.0
-        groups = self.coin.pop_groups()
+        # every process generated and graded its share: sum the shares
+        tokens = sum(gather_object([self.gen_tokens]))
+        groups = [g for part in gather_object([self.coin.pop_groups()]) for g in part]
         policy = ARMS[self.a.arm].policy
         record = getattr(self.trainer, "step_record", {}).get("groups")
         sampled = record["sampled"] if record else len(groups)
@@ -323,9 +325,8 @@ class Probe(TrainerCallback):
             {
                 "step": step,
                 "seconds": {k: round(seconds[k], 3) for k in COLUMNS},
-                "tokens_generated": self.gen_tokens,
-                "tokens_per_s": round(self.gen_tokens / max(self.gen_seconds, 1e-9), 1),
-                "rollouts": self.gen_rollouts,
+                "tokens_generated": tokens,
+                "tokens_per_s": round(tokens / max(self.gen_seconds, 1e-9), 1),
                 "sampled": sampled,
                 "qualified": record["qualified"] if record else sum(map(policy.qualifies, groups)),
                 "trained": record["trained"] if record else len(groups),
@@ -414,7 +415,9 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
     args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda)
     eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
     pool = tasks[: len(tasks) - a.eval_problems]
-    coin = CoinGrader(a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step)
+    coin = CoinGrader(
+        a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step, coin_only=a.coin_only
+    )
     if name == "plain":
         order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
         by_id = {t["id"]: t for t in pool}
@@ -538,6 +541,11 @@ def parse(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--p-correct", type=float, default=0.3)
     ap.add_argument("--p-format", type=float, default=0.0)
+    ap.add_argument(
+        "--coin-only",
+        action="store_true",
+        help="ignore real truncation: outcomes then do not depend on the generated text (1- vs 2-GPU runs)",
+    )
     ap.add_argument("--p-ended", type=float, default=0.5, help="share of random-model rollouts ending early")
     ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
     ap.add_argument("--no-grad-ckpt", action="store_true", help="CUDA: gradient checkpointing off")
@@ -564,7 +572,8 @@ def main(argv=None) -> dict:
     if rank0:
         print(f"environment: {json.dumps(env)}", flush=True)
         print(
-            "grading: seeded coin (truncated = really hit the cap; else correct with p="
+            f"grading: seeded coin ({'real truncation ignored' if a.coin_only else 'truncated = really hit the cap'}"
+            f"; else correct with p="
             f"{a.p_correct}, format_rejected with p={a.p_format}, else wrong)",
             flush=True,
         )

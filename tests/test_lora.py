@@ -1,10 +1,12 @@
-"""LoRA through `trainer.train.build_trainer`: one step trains only the adapter, and stepNNN/ is an adapter
-with a card that says so (configs/mimo9b/S2-lora.yaml's path, on the tiny random model)."""
+"""LoRA through `trainer.train.build_trainer` with configs/mimo9b/S2-lora.yaml's adapter settings, on the tiny
+random model: one step trains only the adapter, and stepNNN/ is an adapter with a card that says so."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 from trl import GRPOTrainer, ModelConfig
@@ -17,6 +19,7 @@ from trainer.config import CapGRPOConfig
 
 G = 4
 CAP = 24
+RECIPE = Path(__file__).resolve().parent.parent / "configs/mimo9b/S2-lora.yaml"
 
 
 class GradRecorder(TrainerCallback):
@@ -31,8 +34,13 @@ class GradRecorder(TrainerCallback):
         }
 
 
-@pytest.fixture
-def lora_run(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield train_one_step(tmp_path_factory.mktemp("lora"), monkeypatch)
+
+
+def train_one_step(tmp_path, monkeypatch):
     tok, model = tiny_random_model()
     base = tmp_path / "base"
     model.save_pretrained(base)
@@ -70,15 +78,9 @@ def lora_run(tmp_path, monkeypatch):
         disable_tqdm=True,
         seed=0,
     )
-    model_args = ModelConfig(
-        model_name_or_path=str(base),
-        dtype="float32",
-        use_peft=True,
-        lora_r=4,
-        lora_alpha=8,
-        lora_dropout=0.0,
-        lora_target_modules=["all-linear"],
-    )
+    recipe = yaml.safe_load(RECIPE.read_text())
+    lora = {k: v for k, v in recipe.items() if k.startswith("lora_") or k == "use_peft"}
+    model_args = ModelConfig(model_name_or_path=str(base), dtype="float32", **lora)
     trainer = train.build_trainer(args, model_args)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     recorder = GradRecorder(trainer.model)
@@ -91,18 +93,19 @@ def test_only_adapter_parameters_train(lora_run):
     trainer, before, with_grad, _ = lora_run
     trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
     changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
-    assert trainable and all("lora_" in n for n in trainable)
-    assert with_grad and with_grad <= trainable
-    assert changed and changed <= trainable
-    # the text model's adapters learn; the vision tower never runs, so its adapters get no gradient
-    assert any("language_model" in n for n in with_grad)
+    assert trainable and all("lora_" in n and "language_model" in n for n in trainable)
+    # lora_B starts at zero, so at the first step only the B matrices have a gradient: all of them, i.e.
+    # every adapter sits on a layer the loss reaches (none on the vision tower)
+    b_matrices = {n for n in trainable if "lora_B" in n}
+    assert b_matrices and b_matrices <= with_grad <= trainable
+    assert b_matrices <= changed <= trainable
 
 
 def test_checkpoint_is_an_adapter_with_an_adapter_card(lora_run):
     trainer, _, _, run = lora_run
     step = run / "step001"
     config = json.loads((step / "adapter_config.json").read_text())
-    assert config["peft_type"] == "LORA" and config["r"] == 4
+    assert config["peft_type"] == "LORA" and config["r"] == yaml.safe_load(RECIPE.read_text())["lora_r"]
     assert not (step / "model.safetensors").exists()
     weights = load_file(step / "adapter_model.safetensors")
     assert weights and all("lora_" in k for k in weights)

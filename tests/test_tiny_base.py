@@ -42,7 +42,9 @@ def test_tokenizer_has_eos_pad_and_qwen_chat_template(tokenizer):
         "<|im_start|>user\nCompute $1 + 1$.<|im_end|>\n<|im_start|>assistant\n"
     )
     turn = prompt_messages("p") + [{"role": "assistant", "content": "The answer is $\\boxed{2}$."}]
-    ids = tokenizer(tokenizer.apply_chat_template(turn, tokenize=False), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(tokenizer.apply_chat_template(turn, tokenize=False), add_special_tokens=False)[
+        "input_ids"
+    ]
     assert ids.count(tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
     assert ids.count(tokenizer.eos_token_id) == 3
     text = "Ünïcode ∑ 12/34 and \\frac{1}{2}\n"  # byte level: text outside the training corpus round-trips
@@ -117,3 +119,38 @@ def test_same_seed_same_weights(tmp_path):
         assert is_complete(tmp_path / name, cfg) and not is_complete(tmp_path / name, BuildConfig(seed=seed))
         digests.append(hashlib.sha256((tmp_path / name / "model.safetensors").read_bytes()).hexdigest())
     assert digests[0] == digests[1] != digests[2]
+
+
+@pytest.mark.slow
+def test_trl_grpo_trainer_loads_and_steps_with_the_saved_base(tiny_base, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    tasks = generate_tasks(4, seed=3)
+    data = Dataset.from_list(
+        [{"prompt": prompt_messages(t["problem"]), "answer": t["answer"]} for t in tasks]
+    )
+
+    def contains_answer(completions, answer, **_):
+        return [float(a in c[0]["content"]) for c, a in zip(completions, answer)]
+
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=1,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+    )
+    # No image processor is saved, so the tokenizer is passed (GRPOTrainer would call AutoProcessor)
+    trainer = GRPOTrainer(
+        model=str(tiny_base),
+        reward_funcs=contains_answer,
+        args=args,
+        train_dataset=data,
+        processing_class=AutoTokenizer.from_pretrained(tiny_base),
+    )
+    assert type(trainer.model) is Qwen3_5ForConditionalGeneration
+    assert trainer.train().global_step == 1

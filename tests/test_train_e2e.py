@@ -81,7 +81,9 @@ def uninterrupted(tiny_base, snapshot, tmp_path_factory) -> Path:
 def test_run_directory_is_complete(uninterrupted):
     run_dir = uninterrupted
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["arm"] == "S4" and info["policy_id"] == "affine-unresolved-failure-v2" and info["gate"] == "v2"
+    assert (
+        info["arm"] == "S4" and info["policy_id"] == "affine-unresolved-failure-v2" and info["gate"] == "v2"
+    )
     assert info["architecture"] == "Qwen3_5ForConditionalGeneration" and info["grader_version"]
     assert len(info["eval_sets"]["heldout300"]) == 6 and len(info["eval_sets"]["fixed32"]) == 3
     assert info["best_step"]["set"] == "heldout300"

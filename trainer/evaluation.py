@@ -389,7 +389,13 @@ class EvalCallback(TrainerCallback):
         if dist.is_main_process:
             llm = self.llm_fn() if self.llm_fn is not None else None
             rows = run_eval(
-                checkpoint_weights(model), self.tokenizer, self.tasks_by_set, self.spec, step, llm=llm, grade_fn=self.grade_fn
+                checkpoint_weights(model),
+                self.tokenizer,
+                self.tasks_by_set,
+                self.spec,
+                step,
+                llm=llm,
+                grade_fn=self.grade_fn,
             )
             # a resumed run redoing this step supersedes what the interrupted run wrote
             write_eval(self.run_dir, step, rows, overwrite=True)

@@ -2,9 +2,9 @@
 
 It has the real architecture (hybrid gated-delta-net / full-attention text model plus a vision tower,
 tiny but present so the real load/save path is exercised), a small byte-level BPE tokenizer trained
-on synthetic task text with Qwen's chat tokens, and a short TRL SFT warm start on worked solutions of
-problems that are not in the embedded snapshot. Everything runs on CPU in minutes and is
-deterministic for a seed.
+on synthetic task text with Qwen3.5's pre-tokenizer and chat tokens, and a short TRL SFT warm start on
+worked solutions of problems that are not in the embedded snapshot. It runs on CPU in minutes, in
+float32, and is deterministic for a seed.
 
     python -m trainer.tiny_base --out artifacts/base --seed 0
 
@@ -26,7 +26,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import datasets  # noqa: E402
 import torch  # noqa: E402
+import transformers  # noqa: E402
+import trl  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: E402
 from transformers import (  # noqa: E402
     GenerationConfig,
@@ -89,7 +92,7 @@ class BuildConfig:
     sft_levels: tuple[int, ...] = (1, 1, 1, 2, 2, 2, 3, 4, 5)  # weighted toward the levels it can learn
     sft_steps: int = 300
     sft_batch_size: int = 16
-    sft_learning_rate: float = 3e-3
+    sft_learning_rate: float = 6e-3
     unboxed_every: int = 8  # every 8th warm-start solution ends without \\boxed{} (see sft_pool)
     snapshot_seed: int = EMBEDDED_SNAPSHOT_SEED
     snapshot_size: int = EMBEDDED_SNAPSHOT_SIZE
@@ -213,10 +216,7 @@ def sft_pool(cfg: BuildConfig, exclude_problems: set[str]) -> list[dict]:
 
 def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: Path) -> dict:
     """TRL SFT on prompt/completion conversations; the loss is on the completion (solution) tokens only."""
-    from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
-
-    data = Dataset.from_list(
+    data = datasets.Dataset.from_list(
         [
             {
                 "prompt": prompt_messages(t["problem"]),
@@ -225,7 +225,7 @@ def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: 
             for t in tasks
         ]
     )
-    args = SFTConfig(
+    args = trl.SFTConfig(
         output_dir=str(work_dir),
         max_steps=cfg.sft_steps,
         per_device_train_batch_size=cfg.sft_batch_size,
@@ -245,7 +245,7 @@ def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: 
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer = trl.SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
     result = trainer.train()
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
     return {"steps": result.global_step, "train_loss": result.training_loss, "loss_curve": losses}
@@ -334,6 +334,15 @@ def single_thread():
         torch.set_num_threads(before)
 
 
+def reference_fit(tokenizer, tasks: list[dict], cap: int) -> dict[str, float]:
+    """Per level, the share of reference worked solutions (plus the EOS) that fit in `cap` tokens."""
+    by_level: dict[int, list[bool]] = {}
+    for t in tasks:
+        n = len(tokenizer(t["solution"], add_special_tokens=False)["input_ids"]) + 1
+        by_level.setdefault(t["level"], []).append(n <= cap)
+    return {str(lv): sum(fits) / len(fits) for lv, fits in sorted(by_level.items())}
+
+
 # --- the whole build -----------------------------------------------------------------------------
 def embedded_tasks() -> list[dict]:
     return generate_tasks(EMBEDDED_SNAPSHOT_SIZE, EMBEDDED_SNAPSHOT_SEED)
@@ -374,6 +383,7 @@ def build_base(
     (out / MANIFEST).unlink(missing_ok=True)
     tasks = embedded_tasks()
     manifest = {
+        "versions": {m.__name__: m.__version__ for m in (torch, transformers, trl)},
         "seed": cfg.seed,
         "config_hash": cfg.digest(),
         "config": asdict(cfg),
@@ -395,6 +405,7 @@ def build_base(
             by_id = {t["id"]: t for t in tasks}
             heldout = [by_id[i] for i in embedded_eval_sets(tasks).heldout[:eval_problems]]
             report = evaluate_base(model, tokenizer, heldout, cap=EMBEDDED_CAP, samples=8, seed=cfg.seed)
+            report["reference_fit_by_level"] = reference_fit(tokenizer, tasks, EMBEDDED_CAP)
             (out / REPORT).write_text(json.dumps(report, indent=1) + "\n")
             manifest["report"] = REPORT
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -410,6 +421,8 @@ def _print_report(report: dict) -> None:
     print(f"  gate v1 groups     {report['gate_v1_share']:.1%}")
     print(f"  gate v2 groups     {report['gate_v2_share']:.1%}")
     print("  pass@1 by level    " + "  ".join(f"L{k} {v:.2f}" for k, v in report["pass@1_by_level"].items()))
+    fit = report["reference_fit_by_level"]
+    print("  references in cap  " + "  ".join(f"L{k} {v:.2f}" for k, v in fit.items()) + "  (whole snapshot)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -424,6 +437,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sft-steps", type=int, default=BuildConfig.sft_steps)
     ap.add_argument("--eval-problems", type=int, default=EMBEDDED_HELDOUT_SIZE, help="0 skips the report")
     args = ap.parse_args(argv)
+    datasets.disable_progress_bars()
     t0 = time.perf_counter()
     manifest = build_base(
         args.out,

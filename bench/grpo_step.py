@@ -510,18 +510,19 @@ def compare(result: dict, path: Path) -> list[str]:
 
 
 def environment(device: torch.device) -> dict:
-    from transformers.utils.import_utils import (
-        is_causal_conv1d_available,
-        is_flash_linear_attention_available,
-    )
+    """What the timings depend on. Without `fla` and `causal_conv1d`, transformers runs the gated-delta-net
+    layers on its PyTorch fallbacks (correct, much slower); with them importable it uses them by itself."""
+    import transformers
+    import trl
 
+    have = {name: importlib.util.find_spec(name) is not None for name in ("fla", "causal_conv1d", "vllm")}
     return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
         "torch": torch.__version__,
-        "fla": is_flash_linear_attention_available(),
-        "causal_conv1d": is_causal_conv1d_available(),
-        "vllm": importlib.util.find_spec("vllm") is not None,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        **have,
     }
 
 
@@ -567,6 +568,8 @@ def main(argv=None) -> dict:
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    else:  # CPU runs are smoke runs on small shared machines, where several intra-op threads oversubscribe
+        torch.set_num_threads(1)
     rank0 = int(os.environ.get("RANK", "0")) == 0
     env = environment(device)
     if rank0:
@@ -577,11 +580,12 @@ def main(argv=None) -> dict:
             f"{a.p_correct}, format_rejected with p={a.p_format}, else wrong)",
             flush=True,
         )
+    result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "env": env}
+    result["runs"] = runs = {}
     with tempfile.TemporaryDirectory(prefix="grpo_step-") as tmp:
         work = Path(tmp)
         tasks = bench_tasks(a, work)
         plan = [("ours", 1)] + [("plain", 1)] * a.plain + [("ours-refill", 8)] * a.refill
-        runs = {}
         for name, rounds in plan:
             t0 = time.perf_counter()
             runs[name] = run_arm(a, name, tasks, work, device, rounds)
@@ -589,19 +593,17 @@ def main(argv=None) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             runs[name]["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "env": env}
-    result["runs"] = runs
-    if "plain" in runs:
-        result["ratio_ours_over_plain"] = {
-            k: steady(runs["ours"]["steps"], k) / max(steady(runs["plain"]["steps"], k), 1e-9)
-            for k in ("generate", "train", "optimizer", "total")
-        }
+            if "plain" in runs:
+                result["ratio_ours_over_plain"] = {
+                    k: steady(runs["ours"]["steps"], k) / max(steady(runs["plain"]["steps"], k), 1e-9)
+                    for k in ("generate", "train", "optimizer", "total")
+                }
+            if rank0 and a.out:  # after every run: a command stopped by its time limit keeps what it did
+                a.out.mkdir(parents=True, exist_ok=True)
+                (a.out / "grpo_step.json").write_text(json.dumps(result, indent=1) + "\n")
+                (a.out / "grpo_step.md").write_text(markdown(result))
     if rank0:
         print(markdown(result), flush=True)
-        if a.out:
-            a.out.mkdir(parents=True, exist_ok=True)
-            (a.out / "grpo_step.json").write_text(json.dumps(result, indent=1) + "\n")
-            (a.out / "grpo_step.md").write_text(markdown(result))
         if a.compare_with:
             diffs = compare(result, a.compare_with)
             print("\n".join(diffs) if diffs else f"no differences in {COMPARED} from {a.compare_with}")

@@ -313,11 +313,20 @@ def _hub_base_model(base: str) -> str | None:
     return base if re.fullmatch(r"[\w.-]+/[\w.-]+", base) and not Path(base).exists() else None
 
 
-def _card_data(run: Run, model_name: str, step: int | None, **extra) -> ModelCardData:
+def _adapter(step_dir: Path) -> dict | None:
+    """The PEFT config of a LoRA checkpoint (stepNNN/adapter_config.json), None for full weights."""
+    path = step_dir / "adapter_config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _card_data(
+    run: Run, model_name: str, step: int | None, adapter: dict | None = None, **extra
+) -> ModelCardData:
     tags = ["trl", "grpo", "capgrpo", f"arm-{run.arm}", run.policy_id, f"gate-{run.gate}"]
+    tags += ["lora"] if adapter else []
     return ModelCardData(
         base_model=_hub_base_model(run.meta["base_model"]),
-        library_name="transformers",
+        library_name="peft" if adapter else "transformers",
         model_name=model_name,
         tags=tags,
         eval_results=(_eval_results(run, step) if step is not None else None) or None,
@@ -384,10 +393,12 @@ def _checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard:
     ranking = run.ranking()
     rank = next((i + 1 for i, (s, _) in enumerate(ranking) if s == step), None)
     model_name = f"capgrpo-{run.arm}-{name}"
+    adapter = _adapter(run.dir / name)
     return _render(
         "checkpoint.md.j2",
-        _card_data(run, model_name, step),
+        _card_data(run, model_name, step, adapter),
         **common,
+        adapter=adapter,
         model_name=model_name,
         step=step,
         step_dir=name,

@@ -167,7 +167,7 @@ def load_resume_state(run_dir: Path, args) -> tuple[Path, dict[str, torch.Tensor
     if state is None:
         raise StateError(f"{run_dir}: no stateNNN/ directory to resume from")
     weights = step_dir(run_dir, int(state.name.removeprefix("state")))
-    if not (weights / "config.json").is_file():
+    if not any((weights / f).is_file() for f in ("config.json", "adapter_config.json")):
         raise StateError(f"{weights}: missing (resume needs the stepNNN/ beside {state.name}/)")
     arm = args.resolved_arm()
     tensors, meta = load_state(state, expect={"arm": arm.name, "policy_id": arm.policy_id})

@@ -551,6 +551,9 @@ def parse(argv=None):
     ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
     ap.add_argument("--no-grad-ckpt", action="store_true", help="CUDA: gradient checkpointing off")
     ap.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True, help="also plain TRL")
+    ap.add_argument(
+        "--plain-first", action="store_true", help="run plain TRL first (it then pays the CUDA warm-up)"
+    )
     ap.add_argument("--refill", action="store_true", help="also ours with gate refill (8 rounds)")
     ap.add_argument("--eval-problems", type=int, default=0, help="eval N problems after each step (0: off)")
     ap.add_argument("--checkpoint", action="store_true", help="time stepNNN/ (+ stateNNN/ for ours)")
@@ -585,7 +588,8 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="grpo_step-") as tmp:
         work = Path(tmp)
         tasks = bench_tasks(a, work)
-        plan = [("ours", 1)] + [("plain", 1)] * a.plain + [("ours-refill", 8)] * a.refill
+        pair = [("ours", 1)] + [("plain", 1)] * a.plain
+        plan = (pair[::-1] if a.plain_first else pair) + [("ours-refill", 8)] * a.refill
         for name, rounds in plan:
             t0 = time.perf_counter()
             runs[name] = run_arm(a, name, tasks, work, device, rounds)
@@ -593,7 +597,7 @@ def main(argv=None) -> dict:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             runs[name]["wall_seconds"] = round(time.perf_counter() - t0, 1)
-            if "plain" in runs:
+            if "plain" in runs and "ours" in runs:
                 result["ratio_ours_over_plain"] = {
                     k: steady(runs["ours"]["steps"], k) / max(steady(runs["plain"]["steps"], k), 1e-9)
                     for k in ("generate", "train", "optimizer", "total")

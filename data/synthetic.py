@@ -10,6 +10,7 @@ Everything is computed with exact rational arithmetic and is deterministic from 
 
 import argparse
 import hashlib
+import math
 import random
 from collections.abc import Callable
 from fractions import Fraction
@@ -52,7 +53,7 @@ Family = Callable[[random.Random, int], tuple[str, str, str]]
 def arithmetic(rng: random.Random, level: int) -> tuple[str, str, str]:
     """A left-nested expression with level + 1 operations, evaluated one operation per step.
 
-    Levels 1-2 only add and subtract one-digit numbers: the easy end a tiny model can learn.
+    Levels 1-2 only add and subtract one-digit numbers: the easy end for a tiny model.
     """
     top = 9 if level <= 2 else 20
     value = rng.randint(1, top)
@@ -80,7 +81,7 @@ def fractions(rng: random.Random, level: int) -> tuple[str, str, str]:
     total, steps = terms[0], []
     for op, t in zip(ops, terms[1:]):
         expr += f" {op} \\frac{{{t.numerator}}}{{{t.denominator}}}"
-        lcm = total.denominator * t.denominator // _gcd(total.denominator, t.denominator)
+        lcm = total.denominator * t.denominator // math.gcd(total.denominator, t.denominator)
         a, b = total * lcm, t * lcm  # numerators over the common denominator
         new = total + t if op == "+" else total - t
         raw = f"\\frac{{{a.numerator}{op}{b.numerator}}}{{{lcm}}}"
@@ -183,12 +184,6 @@ def _coef(k: int) -> str:
     return {1: "x", -1: "-x"}.get(k, f"{k}x")
 
 
-def _gcd(a: int, b: int) -> int:
-    while b:
-        a, b = b, a % b
-    return a
-
-
 FAMILIES: dict[str, Family] = {
     "arithmetic": arithmetic,
     "fractions": fractions,
@@ -203,7 +198,10 @@ def task_id(problem: str) -> str:
 
 
 def generate_tasks(n: int, seed: int, levels=LEVELS) -> list[dict]:
-    """n distinct tasks, families and levels drawn uniformly; the same (n, seed, levels) gives the same list."""
+    """n distinct tasks, family and level drawn uniformly (a level repeated in `levels` weighs more).
+
+    The same (n, seed, levels) gives the same list, and a smaller n gives its prefix.
+    """
     bad = [lv for lv in levels if lv not in LEVELS]
     if bad or not levels:
         raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {tuple(levels)}")

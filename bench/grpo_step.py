@@ -46,7 +46,6 @@ from transformers import (  # noqa: E402
     AutoTokenizer,
     GenerationConfig,
     PreTrainedTokenizerFast,
-    Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
     TrainerCallback,
 )
@@ -65,7 +64,7 @@ from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
 from trainer.grpo import CapGRPOTrainer  # noqa: E402
-from trainer.tiny_base import SPECIAL_TOKENS, BuildConfig, build_tokenizer  # noqa: E402
+from trainer.tiny_base import SPECIAL_TOKENS, BuildConfig, build_tokenizer, qwen35_config  # noqa: E402
 from trainer.train import load_base_model  # noqa: E402
 
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
@@ -145,7 +144,6 @@ def random_qwen35(a, tokenizer, device: torch.device) -> Qwen3_5ForConditionalGe
     heads = max(2, a.hidden // head_dim)
     freqs = head_dim // 4  # rotary on half of head_dim, split over the t/h/w grids like Qwen3.5
     text = {
-        "vocab_size": len(tokenizer),
         "hidden_size": a.hidden,
         "intermediate_size": a.intermediate,
         "num_hidden_layers": a.layers,
@@ -166,29 +164,8 @@ def random_qwen35(a, tokenizer, device: torch.device) -> Qwen3_5ForConditionalGe
             "mrope_section": [freqs - 2 * (freqs // 3), freqs // 3, freqs // 3],
             "mrope_interleaved": True,
         },
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "tie_word_embeddings": False,
     }
-    vision = {  # tiny: present so the real class (and its save path) is used, never run
-        "depth": 1,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "patch_size": 4,
-        "out_hidden_size": a.hidden,
-        "num_position_embeddings": 16,
-    }
-    ids = tokenizer.convert_tokens_to_ids
-    config = Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False,
-    )
+    config = qwen35_config(tokenizer, text)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     torch.manual_seed(a.seed)
     before = torch.get_default_dtype()

@@ -20,11 +20,12 @@ import json
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import datasets
+
+from data.atomic import write_atomic
 
 FORMAT = "capgrpo-tasks-v1"
 REQUIRED_FIELDS = ("id", "problem", "answer")
@@ -106,22 +107,7 @@ def _validate(tasks: object, path: str | os.PathLike) -> list[dict]:
 
 
 def _atomic_write(path: str | os.PathLike, data: bytes) -> str:
-    """Write via a temporary file in the same directory and os.replace, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(
-                f.fileno(), 0o644
-            )  # mkstemp makes the file private; snapshots are shared read-only data
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, data)
     return hashlib.sha256(data).hexdigest()
 
 

@@ -33,7 +33,8 @@ class CapGRPOConfig(GRPOConfig):
     grader_memory_mb: int = field(default=2048, metadata={"help": "Address-space limit per grader worker."})
     # --- evaluation (SPEC §5) ----------------------------------------------------------------------
     eval_every: int = field(
-        default=10, metadata={"help": "Evaluate at step 0, every N steps and at the end."}
+        default=10,
+        metadata={"help": "Evaluate at step 0, every N steps and at the end (0: never in training)."},
     )
     eval_cap: int | None = field(default=None, metadata={"help": "Eval token cap (default: training cap)."})
     eval_temperature: float | None = field(default=None, metadata={"help": "Default: training temperature."})

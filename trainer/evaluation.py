@@ -18,7 +18,6 @@ import importlib.util
 import json
 import os
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -33,6 +32,7 @@ import transformers  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
+from data.atomic import write_atomic  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
@@ -327,18 +327,7 @@ def write_eval(
         old_cap = json.loads(old.split(b"\n", 1)[0] or b"{}").get("cap")
         if not overwrite or old_cap != rows[0]["cap"]:
             raise FileExistsError(f"{path} exists with different rows (cap {old_cap}); not overwriting it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, data)
 
 
 # --- during training ------------------------------------------------------------------------------

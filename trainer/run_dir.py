@@ -8,6 +8,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from data.atomic import write_atomic
 from rewards.outcome import GRADER_VERSION
 
 VERSIONED = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "capgrpo")
@@ -24,9 +25,7 @@ def versions() -> dict[str, str]:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
 
 
 def write_run_json(
@@ -71,9 +70,7 @@ def truncate_steps(run_dir: Path, *, after: int) -> None:
     if path.exists():
         rows = [line for line in path.read_text().splitlines() if line.strip()]
         kept = [r for r in rows if json.loads(r)["step"] <= after]
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text("".join(r + "\n" for r in kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(r + "\n" for r in kept).encode())
 
 
 class StepsLog(TrainerCallback):

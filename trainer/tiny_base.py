@@ -135,11 +135,40 @@ def build_tokenizer(cfg: BuildConfig) -> PreTrainedTokenizerFast:
 
 
 # --- model ---------------------------------------------------------------------------------------
-def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5ForConditionalGeneration:
-    """A randomly initialised tiny model of the real architecture (seeded)."""
+def qwen35_config(tokenizer, text: dict) -> Qwen3_5Config:
+    """A Qwen3.5 config around `text` (the text model's sizes) with a tiny vision tower: present so the
+    real class and its loading/saving path are exercised, never run on text-only prompts."""
     ids = tokenizer.convert_tokens_to_ids
     text = {
         "vocab_size": len(tokenizer),
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "tie_word_embeddings": False,
+        **text,
+    }
+    vision = {
+        "depth": 1,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 4,
+        "out_hidden_size": text["hidden_size"],
+        "num_position_embeddings": 16,
+    }
+    return Qwen3_5Config(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+        tie_word_embeddings=False,
+    )
+
+
+def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5ForConditionalGeneration:
+    """A randomly initialised tiny model of the real architecture (seeded)."""
+    text = {
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": len(cfg.layer_types),
@@ -161,28 +190,8 @@ def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5
             "mrope_section": [4, 2, 2],
             "mrope_interleaved": True,
         },
-        "eos_token_id": tokenizer.eos_token_id,
-        "pad_token_id": tokenizer.pad_token_id,
-        "tie_word_embeddings": False,
     }
-    vision = {
-        "depth": 1,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "patch_size": 4,
-        "out_hidden_size": cfg.hidden_size,
-        "num_position_embeddings": 16,
-    }
-    config = Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-        tie_word_embeddings=False,
-    )
+    config = qwen35_config(tokenizer, text)
     torch.manual_seed(cfg.seed)
     model = Qwen3_5ForConditionalGeneration(config)
     model.generation_config = GenerationConfig(

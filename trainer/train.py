@@ -82,18 +82,21 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         peft_config=get_peft_config(model_args),
         callbacks=list(extra_callbacks),
     )
-    eval_cb = EvalCallback(
-        run_dir,
-        {FIXED: [tasks[t] for t in eval_sets.fixed], HELDOUT: [tasks[t] for t in eval_sets.heldout]},
-        spec,
-        eval_every=args.eval_every,
-        tokenizer=tokenizer,
-        grade_fn=grader.grade_batch,
-        log_fn=trainer.log_eval_metrics,
-    )
+    eval_cb = None
+    if args.eval_every > 0:
+        eval_cb = EvalCallback(
+            run_dir,
+            {FIXED: [tasks[t] for t in eval_sets.fixed], HELDOUT: [tasks[t] for t in eval_sets.heldout]},
+            spec,
+            eval_every=args.eval_every,
+            tokenizer=tokenizer,
+            grade_fn=grader.grade_batch,
+            log_fn=trainer.log_eval_metrics,
+        )
     # Order matters: train time is closed, then evaluation runs, then the step's row, then saving.
     trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb))
-    trainer.add_callback(eval_cb)
+    if eval_cb is not None:
+        trainer.add_callback(eval_cb)
     trainer.add_callback(CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path)))
     if resume is not None:
         trainer.resume_state, trainer._resume = resume[0], resume[1:]

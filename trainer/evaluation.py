@@ -404,7 +404,10 @@ def checkpoint_weights(model):
     """
     if model is None or model.dtype == torch.bfloat16:
         return model
-    return copy.deepcopy(model).to(torch.bfloat16)
+    bf16 = copy.deepcopy(model)
+    for p in bf16.parameters():  # buffers (rotary frequencies) stay float32, as from_pretrained keeps them
+        p.data = p.data.to(torch.bfloat16)
+    return bf16
 
 
 def load_checkpoint(path: Path, device: str):

@@ -5,7 +5,12 @@ from scripted import make_trainer, tiny_random_model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from trl.trainer.callbacks import RichProgressCallback
 
-OURS = ("capgrpo/groups/qualified", "capgrpo/groups/sampled", "capgrpo/gate_stat", "capgrpo/outcomes/truncated")
+OURS = (
+    "capgrpo/groups/qualified",
+    "capgrpo/groups/sampled",
+    "capgrpo/gate_stat",
+    "capgrpo/outcomes/truncated",
+)
 
 
 class Recorder:

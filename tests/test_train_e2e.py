@@ -142,4 +142,3 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, snap
     (ta, ma), (tb, mb) = load_state(out / "state003"), load_state(ref / "state003")
     assert ta.keys() == tb.keys() and all(ta[k].equal(tb[k]) for k in ta)
     assert ma["task_sampler"] == mb["task_sampler"] and ma["rng"] == mb["rng"]
-

@@ -230,6 +230,23 @@ def test_evaluation_leaves_the_training_rng_and_module_modes_alone(model, tok):
     model.eval()
 
 
+def test_evaluation_runs_the_class_forward_not_a_training_wrapper(model, tok, rows):
+    """accelerate's prepare() puts a wrapper on model.forward; evaluation bypasses it and puts it back."""
+    calls = []
+
+    def wrapper(*args, **kwargs):
+        calls.append(1)
+        return type(model).forward(model, *args, **kwargs)
+
+    model.forward = wrapper
+    try:
+        again = run_eval(model, tok, TASKS_BY_SET, SPEC, step=5)
+        assert model.__dict__["forward"] is wrapper and not calls
+        assert again == rows
+    finally:
+        del model.forward
+
+
 def test_spec_reads_run_json():
     run = {
         "eval": {k: v for k, v in SPEC.to_json().items() if k != "batch_size"},

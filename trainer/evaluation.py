@@ -170,6 +170,9 @@ def _isolated(model) -> Iterator[None]:
     modes = [(m, m.training) for m in model.modules()] if model is not None else []
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     threads = torch.get_num_threads()
+    # accelerate's prepare() wraps forward on the instance (autocast, and every output upcast to fp32, the
+    # KV cache included); a checkpoint loads without it, so evaluation runs the class's own forward.
+    wrapped = model.__dict__.pop("forward", None) if model is not None else None
     with torch.random.fork_rng(devices=devices):
         if model is not None:
             model.eval()
@@ -179,6 +182,8 @@ def _isolated(model) -> Iterator[None]:
             yield
         finally:
             torch.set_num_threads(threads)
+            if wrapped is not None:
+                model.forward = wrapped
             for module, training in modes:
                 module.training = training
 

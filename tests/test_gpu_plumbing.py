@@ -11,6 +11,7 @@ import trl.trainer.grpo_trainer as trl_grpo
 from accelerate import Accelerator
 from trl import ModelConfig, TrlParser, get_peft_config
 
+import trainer.config as capgrpo_config
 from data.sampler import TaskSampler
 from tests.scripted import TEXT, TextGrader, tiny_random_model
 from trainer.config import CapGRPOConfig
@@ -87,6 +88,7 @@ def make_trainer(tiny, tmp_path, **overrides) -> CapGRPOTrainer:
 @pytest.mark.parametrize("mode", ["colocate", "server"])
 def test_vllm_settings_reach_trl_and_rollouts_flow_through_selection(tiny, tmp_path, monkeypatch, mode):
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", FakeVLLM)
+    monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: True)  # the fake engine stands in
     tok = tiny[0]
     trainer = make_trainer(
         tiny,
@@ -211,6 +213,7 @@ RECIPES = sorted((REPO / "configs/mimo9b").glob("*.yaml"))
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipes_parse(recipe, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")  # more would make TrainingArguments start torch.distributed
+    monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: True)
     # bf16 recipes need `use_cpu` to parse on a machine without a GPU; nothing else is overridden
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(recipe), "--use_cpu", "true"]
@@ -231,3 +234,13 @@ def test_recipes_parse(recipe, monkeypatch):
     assert (peft is not None) == recipe.stem.endswith("-lora")
     if peft is not None:
         assert peft.r == model_args.lora_r and not args.cpu_adamw
+
+
+def test_recipe_asking_for_vllm_falls_back_without_it(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: False)
+    with pytest.warns(UserWarning, match="vLLM is not installed"):
+        args, _ = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
+            ["--config", str(REPO / "configs/mimo9b/S2.yaml"), "--use_cpu", "true"]
+        )
+    assert not args.use_vllm

@@ -1,12 +1,18 @@
 """`CapGRPOConfig`: TRL's `GRPOConfig` plus the fields of a cap-policy experiment (SPEC §3–6)."""
 
+import importlib.util
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from trainer.arms import ARMS, POLICIES, Arm
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
 
 
 @dataclass
@@ -63,6 +69,12 @@ class CapGRPOConfig(GRPOConfig):
     def __post_init__(self):
         if isinstance(self.arms, str):
             self.arms = json.loads(self.arms)
+        if self.use_vllm and not vllm_installed():
+            # Recipes for the real run ask for vLLM; without it TRL's transformers generation is used.
+            warnings.warn(
+                "use_vllm is set but vLLM is not installed: generating with transformers", stacklevel=2
+            )
+            self.use_vllm = False
         arm = self.resolved_arm()
         if self.groups_per_step is None:
             self.groups_per_step = arm.groups_per_step

@@ -40,9 +40,8 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     if not torch.cuda.is_available():
         # The embedded model is op-overhead bound: on 2 shared cores one thread generates ~5x faster.
         torch.set_num_threads(args.cpu_threads)
-    resume = (
-        load_resume_state(Path(args.resume), args) if args.resume else None
-    )  # verified before any loading
+    # A resume verifies every hash of stateNNN/ before anything else is loaded.
+    resume = load_resume_state(Path(args.resume), args) if args.resume else None
 
     tasks_ds = load_snapshot(args.snapshot_path, expected_sha256=args.snapshot_sha256)
     tasks = {row["id"]: row for row in tasks_ds}

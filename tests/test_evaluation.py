@@ -14,7 +14,6 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import (  # noqa: E402
     PreTrainedTokenizerFast,
-    Qwen3_5Config,
     Qwen3_5ForConditionalGeneration,
     TrainerControl,
     TrainerState,
@@ -36,6 +35,7 @@ from trainer.evaluation import (  # noqa: E402
     summarize,
     write_eval,
 )
+from trainer.tiny_base import qwen35_config  # noqa: E402
 
 SPECIALS = (
     "<|endoftext|> <|im_start|> <|im_end|> <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>"
@@ -72,9 +72,7 @@ def _tokenizer() -> PreTrainedTokenizerFast:
 
 def _model(tok, seed: int = 0) -> Qwen3_5ForConditionalGeneration:
     """Tiny random model of the real architecture: one linear-attention and one full-attention layer."""
-    ids = tok.convert_tokens_to_ids
     text = dict(
-        vocab_size=len(tok),
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -87,27 +85,8 @@ def _model(tok, seed: int = 0) -> Qwen3_5ForConditionalGeneration:
         linear_num_key_heads=2,
         linear_num_value_heads=2,
         max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
     )
-    vision = dict(
-        depth=1,
-        hidden_size=16,
-        intermediate_size=32,
-        num_heads=2,
-        out_hidden_size=32,
-        num_position_embeddings=16,
-        patch_size=4,
-        temporal_patch_size=1,
-    )
-    config = Qwen3_5Config(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids("<|image_pad|>"),
-        video_token_id=ids("<|video_pad|>"),
-        vision_start_token_id=ids("<|vision_start|>"),
-        vision_end_token_id=ids("<|vision_end|>"),
-    )
+    config = qwen35_config(tok, text)
     torch.manual_seed(seed)
     return Qwen3_5ForConditionalGeneration(config).eval()
 

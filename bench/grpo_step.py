@@ -44,7 +44,6 @@ from datasets import Dataset  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 from transformers import (  # noqa: E402
     AutoTokenizer,
-    GenerationConfig,
     PreTrainedTokenizerFast,
     Qwen3_5ForConditionalGeneration,
     TrainerCallback,
@@ -64,7 +63,13 @@ from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
 from trainer.grpo import CapGRPOTrainer  # noqa: E402
-from trainer.tiny_base import SPECIAL_TOKENS, BuildConfig, build_tokenizer, qwen35_config  # noqa: E402
+from trainer.tiny_base import (  # noqa: E402
+    SPECIAL_TOKENS,
+    BuildConfig,
+    build_tokenizer,
+    qwen35_config,
+    sampling_config,
+)
 from trainer.train import load_base_model  # noqa: E402
 
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
@@ -178,14 +183,8 @@ def random_qwen35(a, tokenizer, device: torch.device) -> Qwen3_5ForConditionalGe
     for name, p in model.named_parameters():
         if "visual" in name:
             p.requires_grad_(False)  # as load_base_model does: text-only RL never updates the vision tower
-    model.generation_config = GenerationConfig(
-        eos_token_id=[tokenizer.eos_token_id, *stop_tokens(a, len(tokenizer))],
-        pad_token_id=tokenizer.pad_token_id,
-        do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-    )
+    eos = [tokenizer.eos_token_id, *stop_tokens(a, len(tokenizer))]
+    model.generation_config = sampling_config(eos, tokenizer.pad_token_id)
     return model
 
 

@@ -194,15 +194,20 @@ def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5
     config = qwen35_config(tokenizer, text)
     torch.manual_seed(cfg.seed)
     model = Qwen3_5ForConditionalGeneration(config)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    model.generation_config = sampling_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
+    return model
+
+
+def sampling_config(eos_token_id, pad_token_id: int) -> GenerationConfig:
+    """Plain sampling at temperature 1 (no top-k), the generation config our models ship with."""
+    return GenerationConfig(
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
         do_sample=True,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
     )
-    return model
 
 
 # --- SFT warm start ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -73,7 +74,7 @@ from trainer.tiny_base import (  # noqa: E402
 from trainer.train import load_base_model  # noqa: E402
 
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
-COMPARED = ("sampled", "qualified", "trained", "loss")  # what --compare-with checks between two runs
+COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm")  # what --compare-with checks
 
 
 # --- the coin grader ------------------------------------------------------------------------------
@@ -84,11 +85,11 @@ class CoinGrader:
     the reference answer carries the task id (the benchmark's snapshot stores it there, see `bench_tasks`).
     """
 
-    def __init__(self, p_correct, p_format, seed: int, group_size: int, step_fn, coin_only: bool = False):
+    def __init__(self, p_correct, p_format, seed: int, group_size: int, step_fn):
         if not (0 <= p_correct and 0 <= p_format and p_correct + p_format <= 1):
             raise ValueError(f"--p-correct {p_correct} and --p-format {p_format} must be >= 0, sum <= 1")
         self.p_correct, self.p_format, self.seed, self.group_size = p_correct, p_format, seed, group_size
-        self.step_fn, self.coin_only = step_fn, coin_only
+        self.step_fn = step_fn
         self.seconds = 0.0
         self.outcomes: list[list[Outcome]] = []  # the groups graded since the last `pop_groups`
 
@@ -103,7 +104,7 @@ class CoinGrader:
         step, grades = self.step_fn(), []
         for row, (task_id, capped) in enumerate(zip(references, truncated, strict=True)):
             u = self.draw(task_id, row % self.group_size, step)
-            if capped and not self.coin_only:
+            if capped:
                 outcome = Outcome.TRUNCATED
             elif u < self.p_correct:
                 outcome = Outcome.CORRECT
@@ -116,6 +117,26 @@ class CoinGrader:
         self.outcomes += [[x.outcome for x in grades[i : i + g]] for i in range(0, len(grades), g)]
         self.seconds += time.perf_counter() - t0
         return grades
+
+    def rollouts(self, prompt_ids, n: int, step: int, cap: int, p_ended: float, vocab: int, never) -> list:
+        """--coin-rollouts: what replaces the sampled rollouts, from the coin alone. Rollout k of a prompt gets
+        a seeded length (1 to cap - 1 tokens ending in the first of `never`, with probability p_ended; else cap
+        tokens without EOS) and seeded tokens from range(vocab) minus `never` (EOS, stop and special tokens)."""
+        seen: dict[str, int] = {}
+        out = []
+        for prompt in prompt_ids[:n]:
+            key = hashlib.sha256(json.dumps([int(t) for t in prompt]).encode()).hexdigest()[:16]
+            index = seen[key] = seen.get(key, -1) + 1  # rollouts of one prompt come in order: index in group
+            u = self.draw(f"rollout:{key}", index, step)
+            rng = random.Random(f"{self.seed}:{key}:{index}:{step}")
+            ended = u < p_ended
+            length = 1 + int(u / p_ended * (cap - 2)) if ended else cap
+            ids = []
+            while len(ids) < length - ended:
+                if (t := rng.randrange(vocab)) not in never:
+                    ids.append(t)
+            out.append(ids + [never[0]] * ended)
+        return out
 
     def pop_groups(self) -> list[list[Outcome]]:
         groups, self.outcomes = self.outcomes, []
@@ -250,6 +271,13 @@ class Probe(TrainerCallback):
             sync()
             self.gen_seconds += time.perf_counter() - t0
             self.gen_tokens += sum(len(ids) for ids in completion_ids)
+            if self.a.coin_rollouts:  # generation ran and was timed; its text is replaced
+                tok, a = trainer.processing_class, self.a
+                never = [tok.eos_token_id, *trainer.eos_token_ids, *tok.all_special_ids]
+                completion_ids = self.coin.rollouts(
+                    args[0], len(completion_ids), trainer.state.global_step, a.cap, a.p_ended, len(tok), never
+                )
+                logprobs = None  # they belonged to the sampled tokens
             return completion_ids, logprobs
 
         GRPOTrainer._generate_single_turn = timed
@@ -391,9 +419,7 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
     args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda)
     eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
     pool = tasks[: len(tasks) - a.eval_problems]
-    coin = CoinGrader(
-        a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step, coin_only=a.coin_only
-    )
+    coin = CoinGrader(a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step)
     if name == "plain":
         order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
         by_id = {t["id"]: t for t in pool}
@@ -468,21 +494,29 @@ def _fmt(x) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
-def compare(result: dict, path: Path) -> list[str]:
-    """Per step and run, the COMPARED fields that differ between this result and the one at `path`."""
+def compare(result: dict, path: Path, rtol: float) -> list[str]:
+    """Per step and run, the COMPARED fields of this result against the one at `path`: counts must be equal,
+    loss and grad norm within `rtol` (relative; each such pair is listed either way)."""
     other = json.loads(path.read_text())
-    diffs = []
+    lines = []
     for name, run in result["runs"].items():
         theirs = {r["step"]: r for r in other["runs"].get(name, {}).get("steps", [])}
         for r in run["steps"]:
             t = theirs.get(r["step"])
             if t is None:
-                diffs.append(f"{name} step {r['step']}: not in {path}")
+                lines.append(f"DIFFERS {name} step {r['step']}: not in {path}")
                 continue
             for key in COMPARED:
-                if r.get(key) != t.get(key):
-                    diffs.append(f"{name} step {r['step']} {key}: {r.get(key)} here, {t.get(key)} in {path}")
-    return diffs
+                mine, ref = r.get(key), t.get(key)
+                if isinstance(mine, float) and isinstance(ref, float):
+                    rel = abs(mine - ref) / max(abs(ref), 1e-12)
+                    verdict = "equal" if rel <= rtol else "DIFFERS"
+                    lines.append(
+                        f"{verdict} {name} step {r['step']} {key}: {mine:.7g} here, {ref:.7g} there, rel {rel:.2g}"
+                    )
+                elif mine != ref:
+                    lines.append(f"DIFFERS {name} step {r['step']} {key}: {mine} here, {ref} in {path}")
+    return lines
 
 
 def environment(device: torch.device) -> dict:
@@ -519,9 +553,9 @@ def parse(argv=None):
     ap.add_argument("--p-correct", type=float, default=0.3)
     ap.add_argument("--p-format", type=float, default=0.0)
     ap.add_argument(
-        "--coin-only",
+        "--coin-rollouts",
         action="store_true",
-        help="ignore real truncation: outcomes then do not depend on the generated text (1- vs 2-GPU runs)",
+        help="replace sampled rollouts by seeded ones (1- vs 2-GPU runs: nothing then depends on sampling)",
     )
     ap.add_argument("--p-ended", type=float, default=0.5, help="share of random-model rollouts ending early")
     ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
@@ -535,6 +569,9 @@ def parse(argv=None):
     ap.add_argument("--checkpoint", action="store_true", help="time stepNNN/ (+ stateNNN/ for ours)")
     ap.add_argument("--out", type=Path, default=None, help="writes grpo_step.json and grpo_step.md")
     ap.add_argument("--compare-with", type=Path, default=None, help="a grpo_step.json to compare against")
+    ap.add_argument(
+        "--rtol", type=float, default=0.02, help="--compare-with: loss and grad norm tolerance (bf16)"
+    )
     a = ap.parse_args(argv)
     if a.batch is None:
         a.batch = 4 if torch.cuda.is_available() else a.G
@@ -554,7 +591,7 @@ def main(argv=None) -> dict:
     if rank0:
         print(f"environment: {json.dumps(env)}", flush=True)
         print(
-            f"grading: seeded coin ({'real truncation ignored' if a.coin_only else 'truncated = really hit the cap'}"
+            f"grading: seeded coin (truncated = hit the cap{'; rollouts replaced by seeded ones' if a.coin_rollouts else ''}"
             f"; else correct with p="
             f"{a.p_correct}, format_rejected with p={a.p_format}, else wrong)",
             flush=True,
@@ -585,8 +622,14 @@ def main(argv=None) -> dict:
     if rank0:
         print(markdown(result), flush=True)
         if a.compare_with:
-            diffs = compare(result, a.compare_with)
-            print("\n".join(diffs) if diffs else f"no differences in {COMPARED} from {a.compare_with}")
+            lines = compare(result, a.compare_with, a.rtol)
+            print(f"compared with {a.compare_with} ({', '.join(COMPARED)}; rtol {a.rtol}):")
+            print("\n".join(lines))
+            verdict = "DIFFERS" if any(x.startswith("DIFFERS") for x in lines) else "MATCH"
+            print(f"comparison: {verdict}")
+            result["comparison"] = {"with": str(a.compare_with), "verdict": verdict, "lines": lines}
+            if a.out:
+                (a.out / "grpo_step.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 

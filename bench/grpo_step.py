@@ -64,6 +64,7 @@ from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
 from trainer.grpo import CapGRPOTrainer  # noqa: E402
+from trainer.sharding import is_sharded  # noqa: E402
 from trainer.tiny_base import (  # noqa: E402
     SPECIAL_TOKENS,
     BuildConfig,
@@ -365,7 +366,7 @@ class Probe(TrainerCallback):
         sync()
         t0 = time.perf_counter()
         save_weights(self.trainer, self.work / self.name / f"step{step:03d}")
-        if isinstance(self.trainer, CapGRPOTrainer) and self.trainer.accelerator.is_main_process:
+        if isinstance(self.trainer, CapGRPOTrainer):  # every process: it gathers under FSDP2
             save_state_dir(self.trainer, self.work / self.name, step)
         return time.perf_counter() - t0
 
@@ -454,7 +455,17 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
     optimizer = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     params = sum(p.numel() for p in model.parameters())
     probe.trainer = None  # the caller frees the GPU memory once this frame's references are gone
-    return {"optimizer": optimizer, "params": params, "max_sampling_rounds": rounds, "steps": probe.records}
+    launch = {
+        "distributed_type": trainer.accelerator.distributed_type.value,
+        "sharded": is_sharded(trainer.model),
+    }
+    return {
+        "optimizer": optimizer,
+        "params": params,
+        "max_sampling_rounds": rounds,
+        **launch,
+        "steps": probe.records,
+    }
 
 
 # --- reporting -----------------------------------------------------------------------------------------
@@ -483,7 +494,10 @@ def markdown(result: dict) -> str:
                 _fmt(r["peak_gpu_gib"]),
             ]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
-    text = head + "\n".join(lines) + "\n"
+    text = head + "\n".join(lines) + "\n\n"
+    for name, run in result["runs"].items():
+        text += f"{name}: {run['params']:,} parameters, {run['optimizer']}, {run['distributed_type']}"
+        text += ", sharded\n" if run["sharded"] else "\n"
     if ratio := result.get("ratio_ours_over_plain"):
         text += "\nours / plain (steady-state mean): " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items())
         text += "\n"

@@ -1,6 +1,7 @@
 """Resume check on any device: an uninterrupted run vs. one killed (SIGKILL) after stateK/ and resumed.
 
     python bench/resume_check.py --kill-after 1 -- --config configs/embedded/S2.yaml --max_steps 3 ...
+    python bench/resume_check.py --accelerate-config configs/accelerate/fsdp2.yaml --processes 2 -- ...
 
 Everything after `--` goes to `python -m trainer.train`. Prints, per step, whether the task-sampler position,
 the trained task ids, the outcome counts and the eval seeds agree, and the largest weight difference of the
@@ -9,6 +10,7 @@ not deterministic, so outcomes and weights may drift while the sampler position 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -19,14 +21,37 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from trainer.state_shard import load_state  # noqa: E402
 
-def train(args: list[str], out: Path, kill_after: int | None = None, resume: bool = False) -> None:
-    cmd = [sys.executable, "-m", "trainer.train", *args, "--output_dir", str(out)]
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def train(launch: list[str], args: list[str], out: Path, kill_after: int | None = None, resume=False) -> None:
+    cmd = [*launch, "-m", "trainer.train", *args, "--output_dir", str(out)]
     cmd += ["--resume", str(out)] if resume else []
     proc = subprocess.Popen(cmd, start_new_session=True)
     while proc.poll() is None:
         if kill_after is not None and (out / f"state{kill_after:03d}").is_dir():
-            os.killpg(proc.pid, signal.SIGKILL)
+            for pid in [
+                proc.pid,
+                *descendants(proc.pid),
+            ]:  # torch's launcher puts workers in their own sessions
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.wait()
             return
         time.sleep(0.05)
@@ -42,13 +67,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kill-after", type=int, default=1)
     ap.add_argument("--out", default="runs/resume_check")
+    ap.add_argument("--accelerate-config", default=None, help="`accelerate launch` with this config")
+    ap.add_argument("--processes", type=int, default=1, help=">1: `accelerate launch --num_processes N`")
+    ap.add_argument("--report", type=Path, default=None, help="also write the findings here as JSON")
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
     args = [x for x in a.train_args if x != "--"]
+    launch = [sys.executable]
+    if a.accelerate_config or a.processes > 1:  # without a config: --multi_gpu (gloo processes on a CPU)
+        config = ["--config_file", a.accelerate_config] if a.accelerate_config else ["--multi_gpu"]
+        launch += ["-m", "accelerate.commands.launch", *config, "--num_processes", str(a.processes)]
     ref, out = Path(a.out) / "uninterrupted", Path(a.out) / "resumed"
-    train(args, ref)
-    train(args, out, kill_after=a.kill_after)
-    train(args, out, resume=True)
+    train(launch, args, ref)
+    train(launch, args, out, kill_after=a.kill_after)
+    train(launch, args, out, resume=True)
 
     report = []
     for r, o in zip(rows(ref / "results/steps.jsonl"), rows(out / "results/steps.jsonl"), strict=True):
@@ -74,7 +106,26 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for x in report:
         print(f"| {x['step']} | {x['sampler']} | {x['tasks']} | {x['outcomes']} | {x['loss_diff']:.3g} |")
+    launched = json.loads((ref / "run.json").read_text()).get("launch")
+    rng_entries = len(load_state(sorted(out.glob("state[0-9]*"))[-1])[1]["rng"])
+    print(f"launch: {launched}; stateNNN/ RNG entries: {rng_entries}")
     print(f"eval seeds identical in {len(evals)} files: {seeds}; max |weight diff| in {last}: {max_diff:.3g}")
+    if a.report:  # plus the bitwise view: every field of every row but the timings, every eval row
+        untimed = [
+            [{k: v for k, v in r.items() if k != "seconds"} for r in rows(d / "results/steps.jsonl")]
+            for d in (ref, out)
+        ]
+        found = {"steps": report, "rows_identical": untimed[0] == untimed[1], "eval_files": len(evals)}
+        found["eval_rows_identical"] = all(
+            rows(ref / "results" / n) == rows(out / "results" / n) for n in evals
+        )
+        found |= {
+            "eval_seeds_equal": seeds,
+            "max_weight_diff": max_diff,
+            "launch": launched,
+            "rng_entries": rng_entries,
+        }
+        a.report.write_text(json.dumps(found, indent=1))
 
 
 if __name__ == "__main__":

@@ -244,3 +244,18 @@ def test_recipe_asking_for_vllm_falls_back_without_it(monkeypatch):
             ["--config", str(REPO / "configs/mimo9b/S2.yaml"), "--use_cpu", "true"]
         )
     assert not args.use_vllm
+
+
+@pytest.mark.parametrize("extra", [[], ["--eval_every", "0", "--resume", "runs/x"]])
+def test_deepspeed_launch_refuses_eval_and_resume(extra, monkeypatch, tmp_path):
+    """ZeRO-3 partitions what in-training evaluation and stateNNN/ need whole: refused up front, by name."""
+    from trainer import train
+
+    argv = ["--config", str(REPO / "configs/embedded/S2.yaml"), "--output_dir", str(tmp_path / "run"), *extra]
+    args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
+    monkeypatch.setenv(
+        "ACCELERATE_USE_DEEPSPEED", "true"
+    )  # after parsing: deepspeed itself is not installed here
+    with pytest.raises(ValueError, match="under DeepSpeed set eval_every: 0 .* and do not --resume"):
+        train.build_trainer(args, model_args)
+    assert not (tmp_path / "run").exists()  # nothing loaded, nothing written

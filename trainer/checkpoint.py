@@ -13,15 +13,19 @@ import time
 from pathlib import Path
 
 import torch
+from accelerate.utils import gather_object
 from transformers import TrainerCallback
+from transformers.utils import logging
 
 from cards.card import scrub_checkpoint_dir, write_run_card
 from data.eval_sets import HELDOUT
+from trainer import sharding
 from trainer.cpu_adamw import CPUAdamW
 from trainer.evaluation import summarize
 from trainer.run_dir import read_jsonl, update_run_json
 from trainer.state_shard import StateError, capture_rng_state, latest_state, load_state, save_state
 
+logger = logging.get_logger(__name__)
 STEP_DIR = re.compile(r"^step(\d{3,})$")
 
 
@@ -40,17 +44,26 @@ def is_checkpoint_step(step: int, args) -> bool:
 
 # --- optimizer state, keyed by parameter name ---------------------------------------------------------
 def export_optimizer(trainer) -> tuple[dict[str, torch.Tensor], dict]:
-    """fp32 masters + exp_avg + exp_avg_sq per trainable parameter, whichever AdamW is in use."""
+    """fp32 masters + exp_avg + exp_avg_sq per trainable parameter, whichever AdamW is in use.
+
+    Every process calls it (under FSDP2 it gathers the shards); only the main process's result is complete.
+    """
     opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
     if isinstance(opt, CPUAdamW):
         return opt.export_state()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if sharding.is_sharded(model):
+        params, states = sharding.full_parameters(model), sharding.full_adamw_state(model, opt)
+    else:
+        params = {n: p.detach() for n, p in named}
+        states = {n: opt.state.get(p, {}) for n, p in named}
     tensors, steps = {}, {}
-    for name, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters():
-        if not p.requires_grad:
+    for name, _ in named:
+        if name not in params:  # a process other than the main one, under FSDP2
             continue
-        st = opt.state.get(p, {})
-        tensors[f"master/{name}"] = p.detach().float().cpu().contiguous()
-        if st:
+        tensors[f"master/{name}"] = params[name].float().cpu().contiguous()
+        if st := states.get(name):
             tensors[f"exp_avg/{name}"] = st["exp_avg"].detach().float().cpu().contiguous()
             tensors[f"exp_avg_sq/{name}"] = st["exp_avg_sq"].detach().float().cpu().contiguous()
             steps[name] = float(st["step"])
@@ -62,7 +75,19 @@ def import_optimizer(trainer, tensors: dict[str, torch.Tensor], meta: dict) -> N
     if isinstance(opt, CPUAdamW):
         opt.import_state(tensors, meta)
         return
-    for name, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters():
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if sharding.is_sharded(model):
+        state = {
+            name: {
+                "step": torch.tensor(step),
+                "exp_avg": tensors[f"exp_avg/{name}"],
+                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"],
+            }
+            for name, step in meta["steps"].items()
+        }
+        sharding.load_full_adamw_state(model, opt, state)
+        return
+    for name, p in model.named_parameters():
         if name in meta["steps"]:
             opt.state[p] = {
                 "step": torch.tensor(meta["steps"][name]),
@@ -73,11 +98,14 @@ def import_optimizer(trainer, tensors: dict[str, torch.Tensor], meta: dict) -> N
 
 def load_masters_into_model(model, tensors: dict[str, torch.Tensor]) -> None:
     """Weights come from the fp32 masters, not from the bf16 stepNNN/: that is what makes resume exact."""
+    masters = {k.removeprefix("master/"): v for k, v in tensors.items() if k.startswith("master/")}
+    if sharding.is_sharded(model):
+        sharding.load_full_parameters(model, masters)
+        return
     with torch.no_grad():
         for name, p in model.named_parameters():
-            key = f"master/{name}"
-            if key in tensors:
-                p.copy_(tensors[key].to(p.dtype))
+            if name in masters:
+                p.copy_(masters[name].to(p.dtype))
 
 
 # --- saving -------------------------------------------------------------------------------------------
@@ -101,16 +129,26 @@ def save_weights(trainer, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def save_state_dir(trainer, run_dir: Path, step: int) -> Path:
+def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
+    """Every process calls it (FSDP2 gathers shards, each process has its own RNG streams); the main one
+    writes stateNNN/ and returns its path."""
+    acc = trainer.accelerator
+    if trainer.is_deepspeed_enabled:  # its optimizer partitions state its own way; see docs/gpu.md
+        logger.warning("stateNNN/ is not written under DeepSpeed: exact resume needs 1 process, DDP or FSDP2")
+        return None
     tensors, opt_meta = export_optimizer(trainer)
+    rng = gather_object([capture_rng_state()])  # one entry per process, in process order
+    if not acc.is_main_process:
+        return None
     arm = trainer.arm
     meta = {
         "step": step,
         "checkpoint_id": f"{Path(run_dir).name}/state{step:03d}",
         "arm": arm.name,
         "policy_id": arm.policy_id,
+        "num_processes": acc.num_processes,
         "task_sampler": trainer.task_sampler.state_dict(),
-        "rng": capture_rng_state(),
+        "rng": rng,
         "scheduler": trainer.lr_scheduler.state_dict(),
         "optimizer": opt_meta,
     }
@@ -150,8 +188,8 @@ class CheckpointCallback(TrainerCallback):
             return
         t0 = time.perf_counter()
         save_weights(self.trainer, step_dir(self.run_dir, step))
+        save_state_dir(self.trainer, self.run_dir, step)
         if self.trainer.accelerator.is_main_process:
-            save_state_dir(self.trainer, self.run_dir, step)
             prune_states(self.run_dir, args.keep_states)
             update_run_json(self.run_dir, best_step=best_heldout_step(self.run_dir))
             scrub_checkpoint_dir(step_dir(self.run_dir, step), self.base_dir)  # also writes our card
@@ -171,4 +209,12 @@ def load_resume_state(run_dir: Path, args) -> tuple[Path, dict[str, torch.Tensor
         raise StateError(f"{weights}: missing (resume needs the stepNNN/ beside {state.name}/)")
     arm = args.resolved_arm()
     tensors, meta = load_state(state, expect={"arm": arm.name, "policy_id": arm.policy_id})
+    if isinstance(meta.get("rng"), dict):  # written before states held one RNG entry per process
+        meta["rng"] = [meta["rng"]]
+    saved_by = len(meta.get("rng", []))
+    if saved_by != args.world_size:  # rollouts and RNG streams are per process: another split is another run
+        raise StateError(
+            f"{state}: saved by {saved_by} process(es), this launch has {args.world_size}; "
+            f"resume with --num_processes {saved_by}"
+        )
     return state, tensors, meta

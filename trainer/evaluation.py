@@ -38,6 +38,7 @@ from data.prompt import render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
+from trainer import sharding  # noqa: E402
 
 ROW_FIELDS = tuple(
     "step set task_id sample seed outcome answer reference completion_tokens cap completion".split()
@@ -340,7 +341,8 @@ class EvalCallback(TrainerCallback):
     """Evaluates at step 0 (not when resuming), every `eval_every` steps and at the last step.
 
     After each evaluation: `last_step`, `last_summary` (steps.jsonl's `eval` object), `last_seconds`;
-    `log_fn` (e.g. `trainer.log`) gets the flat `log_metrics`. Only the main process generates.
+    `log_fn` (e.g. `trainer.log`) gets the flat `log_metrics`. Only the main process generates, with the
+    weights as a checkpoint stores them (an FSDP2-sharded model is gathered into a whole bf16 copy first).
     `llm_fn`, when given, returns a vLLM engine already holding the current weights.
     """
 
@@ -380,10 +382,16 @@ class EvalCallback(TrainerCallback):
     def evaluate(self, model, step: int) -> None:
         start = time.perf_counter()
         dist = PartialState()
+        weights = None
+        if sharding.is_sharded(model):  # FSDP2: every process gathers, the main one evaluates a whole copy
+            full = sharding.full_parameters(model)
+            weights = sharding.unsharded_copy(model, full, torch.bfloat16) if dist.is_main_process else None
+        elif dist.is_main_process:
+            weights = checkpoint_weights(model)
         if dist.is_main_process:
             llm = self.llm_fn() if self.llm_fn is not None else None
             rows = run_eval(
-                checkpoint_weights(model),
+                weights,
                 self.tokenizer,
                 self.tasks_by_set,
                 self.spec,

@@ -289,8 +289,9 @@ class CapGRPOTrainer(GRPOTrainer):
 
     def _load_rng_state(self, checkpoint):
         # Called right before the next step's dataloader iterator is built, exactly where the state was taken.
+        # Each process continues its own streams (load_resume_state checked the process count).
         if checkpoint is not None:
-            restore_rng_state(self._resume[1]["rng"])
+            restore_rng_state(self._resume[1]["rng"][self.accelerator.process_index])
 
 
 def outcome_counts(outcomes: Sequence[Outcome]) -> dict[str, int]:

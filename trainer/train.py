@@ -4,6 +4,7 @@ Every field of `CapGRPOConfig` (TRL's `GRPOConfig` + ours) and TRL's `ModelConfi
 recipe or overridden on the command line (`TrlParser`).
 """
 
+import os
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from trainer.checkpoint import CheckpointCallback, load_resume_state
 from trainer.config import CapGRPOConfig
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.grpo import CapGRPOTrainer
-from trainer.run_dir import StepsLog, truncate_steps, write_run_json
+from trainer.run_dir import StepsLog, truncate_steps, update_run_json, write_run_json
 
 
 def load_base_model(path: str, dtype: str | None = None):
@@ -40,6 +41,14 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     if not torch.cuda.is_available():
         # The embedded model is op-overhead bound: on 2 shared cores one thread generates ~5x faster.
         torch.set_num_threads(args.cpu_threads)
+    # ZeRO-3 partitions weights and optimizer state in DeepSpeed's own layout (FSDP2 is gathered instead);
+    # `accelerate launch` announces DeepSpeed in this variable.
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if deepspeed and (args.eval_every > 0 or args.resume):
+        raise ValueError(
+            "under DeepSpeed set eval_every: 0 (evaluate checkpoints with `make eval`) and do not --resume: "
+            "in-training evaluation and exact resume need 1 process, DDP or FSDP2 (docs/gpu.md)"
+        )
     # A resume verifies every hash of stateNNN/ before anything else is loaded.
     resume = load_resume_state(Path(args.resume), args) if args.resume else None
 
@@ -59,15 +68,17 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
         batch_size=args.eval_batch_size,
     )
-    write_run_json(
-        run_dir,
-        args,
-        base_model=model_args.model_name_or_path,
-        architecture=arch,
-        snapshot={"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)},
-        eval_sets=eval_sets,
-        eval_spec=spec.to_json(),
-    )
+    main_process = args.process_index == 0
+    if main_process:
+        write_run_json(
+            run_dir,
+            args,
+            base_model=model_args.model_name_or_path,
+            architecture=arch,
+            snapshot={"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)},
+            eval_sets=eval_sets,
+            eval_spec=spec.to_json(),
+        )
     grader = GraderPool(
         workers=args.grader_workers, timeout_s=args.grader_timeout_s, memory_mb=args.grader_memory_mb
     )
@@ -81,6 +92,12 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         peft_config=get_peft_config(model_args),
         callbacks=list(extra_callbacks),
     )
+    if main_process:  # the accelerator's view: FSDP shows only here, not in PartialState
+        acc = trainer.accelerator
+        update_run_json(
+            run_dir,
+            launch={"num_processes": acc.num_processes, "distributed_type": acc.distributed_type.value},
+        )
     eval_cb = None
     if args.eval_every > 0:
         eval_cb = EvalCallback(
@@ -99,7 +116,8 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     trainer.add_callback(CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path)))
     if resume is not None:
         trainer.resume_state, trainer._resume = resume[0], resume[1:]
-        truncate_steps(run_dir, after=trainer._resume[1]["step"])
+        if main_process:
+            truncate_steps(run_dir, after=trainer._resume[1]["step"])
     else:
         trainer.resume_state = None
     return trainer

@@ -1,0 +1,96 @@
+"""The step benchmark's own logic (bench/grpo_step.py): the coin's rollouts and the 1-vs-2-GPU comparison.
+The benchmark itself runs on GPUs; what decides whether its comparison can be trusted is tested here."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SPEC = importlib.util.spec_from_file_location(
+    "grpo_step", Path(__file__).parent.parent / "bench" / "grpo_step.py"
+)
+grpo_step = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(grpo_step)
+
+G, CAP, VOCAB = 4, 64, 300
+NEVER = [2, 0, 1, 3]  # EOS first: it ends a rollout; the others never appear
+
+
+def coin():
+    return grpo_step.CoinGrader(0.3, 0.1, seed=5, group_size=G, step_fn=lambda: 1)
+
+
+def prompts(n: int) -> list[list[int]]:
+    return [[10 + i, 11 + i, 12] for i in range(n) for _ in range(G)]  # G rows per prompt, in order
+
+
+def test_coin_rollouts_do_not_depend_on_how_rows_are_split():
+    rows = prompts(6)
+    whole = coin().rollouts(rows, len(rows), step=3, cap=CAP, p_ended=0.5, vocab=VOCAB, never=NEVER)
+    halves = [coin().rollouts(part, len(part), 3, CAP, 0.5, VOCAB, NEVER) for part in (rows[:12], rows[12:])]
+    assert whole == halves[0] + halves[1]  # what two processes with half of the groups each produce
+    assert whole != coin().rollouts(rows, len(rows), step=4, cap=CAP, p_ended=0.5, vocab=VOCAB, never=NEVER)
+    assert len({tuple(r) for r in whole[:G]}) == G  # rollouts of one prompt differ
+
+
+def test_coin_rollouts_shape():
+    rows = prompts(100)
+    out = coin().rollouts(rows, len(rows), step=1, cap=CAP, p_ended=0.4, vocab=VOCAB, never=NEVER)
+    ended = [r for r in out if r[-1] == NEVER[0]]
+    for r in out:
+        assert 1 <= len(r) <= CAP and not set(r[:-1]) & set(NEVER) and 0 <= min(r) and max(r) < VOCAB
+        assert r[-1] == NEVER[0] or (len(r) == CAP and r[-1] not in NEVER)
+    assert 0.3 < len(ended) / len(out) < 0.5  # p_ended 0.4 of 400 rollouts
+    assert min(len(r) for r in ended) < CAP / 4 and max(len(r) for r in ended) > 3 * CAP / 4
+
+
+def test_coin_grades_truncation_then_the_coin():
+    c = coin()
+    grades = c.grade_batch(["x"] * 8, ["t1"] * 4 + ["t2"] * 4, [True] + [False] * 7)
+    assert grades[0].outcome.value == "truncated"
+    again = coin().grade_batch(["y"] * 8, ["t1"] * 4 + ["t2"] * 4, [False] * 8)
+    assert [g.outcome for g in grades[1:]] == [g.outcome for g in again[1:]]  # text never matters
+    assert len(c.pop_groups()) == 2 and c.pop_groups() == []
+
+
+def record(step, qualified, loss, grad_norm):
+    return {
+        "step": step,
+        "sampled": 16,
+        "qualified": qualified,
+        "trained": qualified,
+        "loss": loss,
+        "grad_norm": grad_norm,
+    }
+
+
+def result(*steps):
+    return {"runs": {"ours": {"steps": list(steps)}}}
+
+
+def test_compare_counts_exact_floats_within_tolerance(tmp_path):
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps(result(record(1, 10, 0.128, 3.203), record(2, 13, 0.196, 2.609))))
+    close = grpo_step.compare(
+        result(record(1, 10, 0.128, 3.206), record(2, 13, 0.196, 2.610)), ref, rtol=0.02
+    )
+    assert not [x for x in close if x.startswith("DIFFERS")] and len(close) == 4  # loss + grad norm per step
+    far = grpo_step.compare(result(record(1, 11, 0.128, 3.9), record(3, 13, 0.2, 2.6)), ref, rtol=0.02)
+    assert any("step 1 qualified: 11 here, 10" in x for x in far)
+    assert any(x.startswith("DIFFERS ours step 1 grad_norm") for x in far)
+    assert any(x.startswith("DIFFERS ours step 3: not in") for x in far)
+
+
+@pytest.mark.slow
+def test_benchmark_runs_and_matches_itself(tmp_path):
+    """A tiny CPU run of ours and plain TRL; the same command again compares equal to the first."""
+    tiny = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --groups 2 --G 4 --cap 16 --steps 1"
+    first = grpo_step.main([*tiny.split(), "--coin-rollouts", "--out", str(tmp_path / "a")])
+    assert set(first["runs"]) == {"ours", "plain"} and first["ratio_ours_over_plain"]["total"] > 0
+    ours, plain = first["runs"]["ours"]["steps"][0], first["runs"]["plain"]["steps"][0]
+    assert ours["sampled"] == plain["sampled"] == 2 and ours["qualified"] == plain["qualified"]
+    second = grpo_step.main(
+        [*tiny.split(), "--coin-rollouts", "--compare-with", str(tmp_path / "a" / "grpo_step.json")]
+    )
+    assert second["comparison"]["verdict"] == "MATCH"

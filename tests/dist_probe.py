@@ -46,6 +46,9 @@ def main(out_dir: str, result: str) -> None:
             num_items_in_batch=int(out["num_items_in_batch"]),
         )
         Path(result).write_text(json.dumps(record))
+    # Leave together: a process exiting while the other still holds the gloo group can abort it at exit.
+    acc.wait_for_everyone()
+    acc.end_training()
 
 
 if __name__ == "__main__":

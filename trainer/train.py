@@ -128,6 +128,8 @@ def main(argv=None) -> None:
     args, model_args = parser.parse_args_and_config(argv)
     trainer = build_trainer(args, model_args)
     trainer.train(resume_from_checkpoint=str(trainer.resume_state) if trainer.resume_state else None)
+    trainer.accelerator.wait_for_everyone()  # processes leave together: an early exit can abort the others'
+    trainer.accelerator.end_training()  # gloo/NCCL teardown (destroys the process group)
 
 
 if __name__ == "__main__":

@@ -119,13 +119,13 @@ class CoinGrader:
         self.seconds += time.perf_counter() - t0
         return grades
 
-    def rollouts(self, prompt_ids, n: int, step: int, cap: int, p_ended: float, vocab: int, never) -> list:
+    def rollouts(self, prompt_ids, step: int, cap: int, p_ended: float, vocab: int, never) -> list:
         """--coin-rollouts: what replaces the sampled rollouts, from the coin alone. Rollout k of a prompt gets
         a seeded length (1 to cap - 1 tokens ending in the first of `never`, with probability p_ended; else cap
         tokens without EOS) and seeded tokens from range(vocab) minus `never` (EOS, stop and special tokens)."""
         seen: dict[str, int] = {}
         out = []
-        for prompt in prompt_ids[:n]:
+        for prompt in prompt_ids:
             key = hashlib.sha256(json.dumps([int(t) for t in prompt]).encode()).hexdigest()[:16]
             index = seen[key] = seen.get(key, -1) + 1  # rollouts of one prompt come in order: index in group
             u = self.draw(f"rollout:{key}", index, step)
@@ -275,9 +275,8 @@ class Probe(TrainerCallback):
             if self.a.coin_rollouts:  # generation ran and was timed; its text is replaced
                 tok, a = trainer.processing_class, self.a
                 never = [tok.eos_token_id, *trainer.eos_token_ids, *tok.all_special_ids]
-                completion_ids = self.coin.rollouts(
-                    args[0], len(completion_ids), trainer.state.global_step, a.cap, a.p_ended, len(tok), never
-                )
+                step = trainer.state.global_step
+                completion_ids = self.coin.rollouts(args[0], step, a.cap, a.p_ended, len(tok), never)
                 logprobs = None  # they belonged to the sampled tokens
             return completion_ids, logprobs
 
@@ -455,15 +454,12 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
     optimizer = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
     params = sum(p.numel() for p in model.parameters())
     probe.trainer = None  # the caller frees the GPU memory once this frame's references are gone
-    launch = {
-        "distributed_type": trainer.accelerator.distributed_type.value,
-        "sharded": is_sharded(trainer.model),
-    }
     return {
         "optimizer": optimizer,
         "params": params,
         "max_sampling_rounds": rounds,
-        **launch,
+        "distributed_type": trainer.accelerator.distributed_type.value,
+        "sharded": is_sharded(trainer.model),
         "steps": probe.records,
     }
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from trainer.state_shard import load_state  # noqa: E402
+from trainer.run_dir import read_jsonl  # noqa: E402
 
 
 def descendants(pid: int) -> list[int]:
@@ -59,10 +59,6 @@ def train(launch: list[str], args: list[str], out: Path, kill_after: int | None 
         raise SystemExit(f"{' '.join(cmd)} failed with {proc.returncode}")
 
 
-def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kill-after", type=int, default=1)
@@ -82,22 +78,23 @@ def main() -> None:
     train(launch, args, out, kill_after=a.kill_after)
     train(launch, args, out, resume=True)
 
-    report = []
-    for r, o in zip(rows(ref / "results/steps.jsonl"), rows(out / "results/steps.jsonl"), strict=True):
-        report.append(
-            {
-                "step": r["step"],
-                "sampler": r["sampler"] == o["sampler"],
-                "tasks": r["task_ids_trained"] == o["task_ids_trained"],
-                "outcomes": r["outcomes_sampled"] == o["outcomes_sampled"],
-                "loss_diff": abs(r["loss"] - o["loss"]),
-            }
-        )
-    evals = sorted(p.name for p in (ref / "results").glob("eval_step*.jsonl"))
+    steps = [read_jsonl(d / "results/steps.jsonl") for d in (ref, out)]
+    report = [
+        {
+            "step": r["step"],
+            "sampler": r["sampler"] == o["sampler"],
+            "tasks": r["task_ids_trained"] == o["task_ids_trained"],
+            "outcomes": r["outcomes_sampled"] == o["outcomes_sampled"],
+            "loss_diff": abs(r["loss"] - o["loss"]),
+        }
+        for r, o in zip(*steps, strict=True)
+    ]
+    names = sorted(p.name for p in (ref / "results").glob("eval_step*.jsonl"))
+    evals = [(read_jsonl(ref / "results" / n), read_jsonl(out / "results" / n)) for n in names]
     seeds = all(
-        [(x["task_id"], x["sample"], x["seed"]) for x in rows(ref / "results" / n)]
-        == [(x["task_id"], x["sample"], x["seed"]) for x in rows(out / "results" / n)]
-        for n in evals
+        [(x["task_id"], x["sample"], x["seed"]) for x in e]
+        == [(x["task_id"], x["sample"], x["seed"]) for x in f]
+        for e, f in evals
     )
     last = max(p.name for p in ref.glob("step[0-9][0-9][0-9]"))
     wa, wb = load_file(ref / last / "model.safetensors"), load_file(out / last / "model.safetensors")
@@ -107,24 +104,17 @@ def main() -> None:
     for x in report:
         print(f"| {x['step']} | {x['sampler']} | {x['tasks']} | {x['outcomes']} | {x['loss_diff']:.3g} |")
     launched = json.loads((ref / "run.json").read_text()).get("launch")
-    rng_entries = len(load_state(sorted(out.glob("state[0-9]*"))[-1])[1]["rng"])
+    newest_state = sorted(out.glob("state[0-9]*"))[-1]
+    rng_entries = len(
+        json.loads((newest_state / "meta.json").read_text())["rng"]
+    )  # no need to load the tensors
     print(f"launch: {launched}; stateNNN/ RNG entries: {rng_entries}")
-    print(f"eval seeds identical in {len(evals)} files: {seeds}; max |weight diff| in {last}: {max_diff:.3g}")
+    print(f"eval seeds identical in {len(names)} files: {seeds}; max |weight diff| in {last}: {max_diff:.3g}")
     if a.report:  # plus the bitwise view: every field of every row but the timings, every eval row
-        untimed = [
-            [{k: v for k, v in r.items() if k != "seconds"} for r in rows(d / "results/steps.jsonl")]
-            for d in (ref, out)
-        ]
-        found = {"steps": report, "rows_identical": untimed[0] == untimed[1], "eval_files": len(evals)}
-        found["eval_rows_identical"] = all(
-            rows(ref / "results" / n) == rows(out / "results" / n) for n in evals
-        )
-        found |= {
-            "eval_seeds_equal": seeds,
-            "max_weight_diff": max_diff,
-            "launch": launched,
-            "rng_entries": rng_entries,
-        }
+        untimed = [[{k: v for k, v in r.items() if k != "seconds"} for r in rows] for rows in steps]
+        found = {"steps": report, "rows_identical": untimed[0] == untimed[1], "eval_files": len(names)}
+        found |= {"eval_rows_identical": all(e == f for e, f in evals), "eval_seeds_equal": seeds}
+        found |= {"max_weight_diff": max_diff, "launch": launched, "rng_entries": rng_entries}
         a.report.write_text(json.dumps(found, indent=1))
 
 

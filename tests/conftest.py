@@ -1,4 +1,4 @@
-"""Shared fixtures: one tiny base model per test run, reused by every slow test."""
+"""Shared fixtures: one tiny base model per test run, reused by every slow test, and its task snapshot."""
 
 import os
 from pathlib import Path
@@ -28,3 +28,14 @@ def tiny_base() -> Path:
         finally:
             os.chdir(cwd)
     return built
+
+
+@pytest.fixture(scope="session")
+def embedded_snapshot(tmp_path_factory) -> Path:
+    """The embedded default's synthetic tasks, as a snapshot file."""
+    from data.snapshot import write_snapshot
+    from trainer.tiny_base import embedded_tasks
+
+    path = tmp_path_factory.mktemp("snap") / "synthetic.tasks.json"
+    write_snapshot(embedded_tasks(), path)
+    return path

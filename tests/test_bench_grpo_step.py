@@ -27,16 +27,16 @@ def prompts(n: int) -> list[list[int]]:
 
 def test_coin_rollouts_do_not_depend_on_how_rows_are_split():
     rows = prompts(6)
-    whole = coin().rollouts(rows, len(rows), step=3, cap=CAP, p_ended=0.5, vocab=VOCAB, never=NEVER)
-    halves = [coin().rollouts(part, len(part), 3, CAP, 0.5, VOCAB, NEVER) for part in (rows[:12], rows[12:])]
+    whole = coin().rollouts(rows, step=3, cap=CAP, p_ended=0.5, vocab=VOCAB, never=NEVER)
+    halves = [coin().rollouts(part, 3, CAP, 0.5, VOCAB, NEVER) for part in (rows[:12], rows[12:])]
     assert whole == halves[0] + halves[1]  # what two processes with half of the groups each produce
-    assert whole != coin().rollouts(rows, len(rows), step=4, cap=CAP, p_ended=0.5, vocab=VOCAB, never=NEVER)
+    assert whole != coin().rollouts(rows, step=4, cap=CAP, p_ended=0.5, vocab=VOCAB, never=NEVER)
     assert len({tuple(r) for r in whole[:G]}) == G  # rollouts of one prompt differ
 
 
 def test_coin_rollouts_shape():
     rows = prompts(100)
-    out = coin().rollouts(rows, len(rows), step=1, cap=CAP, p_ended=0.4, vocab=VOCAB, never=NEVER)
+    out = coin().rollouts(rows, step=1, cap=CAP, p_ended=0.4, vocab=VOCAB, never=NEVER)
     ended = [r for r in out if r[-1] == NEVER[0]]
     for r in out:
         assert 1 <= len(r) <= CAP and not set(r[:-1]) & set(NEVER) and 0 <= min(r) and max(r) < VOCAB

@@ -37,18 +37,11 @@ def test_two_processes_match_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, tmp_path):
+def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedded_snapshot, tmp_path):
     """Each process's RNG streams are saved and restored: a 2-process run killed (the whole process tree)
     after state001/ and resumed equals an uninterrupted one (bench/resume_check.py does the three runs)."""
-    from data.snapshot import write_snapshot
-    from trainer.tiny_base import embedded_tasks
+    from tests.test_train_e2e import train_args
 
-    snapshot = tmp_path / "synthetic.tasks.json"
-    write_snapshot(embedded_tasks(), snapshot)
-    small = f"--config configs/embedded/S2.yaml --model_name_or_path {tiny_base} --snapshot_path {snapshot} "
-    small += "--max_steps 3 --checkpoint_steps 1 2 --groups_per_step 2 --per_device_train_batch_size 8 "
-    small += "--heldout_size 6 --fixed_size 3 --fixed_samples 2 --eval_every 2 --eval_batch_size 16 "
-    small += "--report_to none --grader_workers 1 --disable_tqdm true"
     report = tmp_path / "report.json"
     cmd = [
         sys.executable,
@@ -58,7 +51,7 @@ def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, tmp_pat
         "--out",
         str(tmp_path / "rc"),
     ]
-    cmd += ["--report", str(report), "--", *small.split()]
+    cmd += ["--report", str(report), "--", *train_args(tiny_base, embedded_snapshot, arm="S2")]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from data.snapshot import write_snapshot
 from trainer.state_shard import load_state
-from trainer.tiny_base import embedded_tasks
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -41,19 +39,17 @@ SMALL = {
 }
 
 
-@pytest.fixture(scope="module")
-def snapshot(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("snap") / "synthetic.tasks.json"
-    write_snapshot(embedded_tasks(), path)
-    return path
+def train_args(base: Path, snapshot: Path, arm: str = "S4", **extra) -> list[str]:
+    """`trainer.train`'s arguments for the SMALL run of an embedded recipe."""
+    args = {**SMALL, "model_name_or_path": base, "snapshot_path": snapshot, **extra}
+    cli = ["--config", str(REPO / f"configs/embedded/{arm}.yaml")]
+    for k, v in args.items():
+        cli += [f"--{k}", *str(v).split()]
+    return cli
 
 
 def train_cmd(base: Path, snapshot: Path, out: Path, arm: str = "S4", **extra) -> list[str]:
-    args = {**SMALL, "model_name_or_path": base, "snapshot_path": snapshot, "output_dir": out, **extra}
-    cmd = [sys.executable, "-m", "trainer.train", "--config", str(REPO / f"configs/embedded/{arm}.yaml")]
-    for k, v in args.items():
-        cmd += [f"--{k}", *str(v).split()]
-    return cmd
+    return [sys.executable, "-m", "trainer.train", *train_args(base, snapshot, arm, output_dir=out, **extra)]
 
 
 def run(cmd: list[str]) -> None:
@@ -73,9 +69,9 @@ def rows(path: Path, drop=("seconds",)) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tiny_base, snapshot, tmp_path_factory) -> Path:
+def uninterrupted(tiny_base, embedded_snapshot, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("runs") / "S4"
-    run(train_cmd(tiny_base, snapshot, out))
+    run(train_cmd(tiny_base, embedded_snapshot, out))
     return out
 
 
@@ -111,11 +107,11 @@ def test_run_directory_is_complete(uninterrupted):
     assert (run_dir / "README.md").is_file()
 
 
-def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, snapshot, tmp_path):
+def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embedded_snapshot, tmp_path):
     out = tmp_path / "S4"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        train_cmd(tiny_base, snapshot, out),
+        train_cmd(tiny_base, embedded_snapshot, out),
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -130,7 +126,7 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, snap
     proc.wait()
     assert not (out / "step003").exists()
 
-    run(train_cmd(tiny_base, snapshot, out, resume=out))
+    run(train_cmd(tiny_base, embedded_snapshot, out, resume=out))
 
     ref = uninterrupted
     assert rows(out / "results" / "steps.jsonl") == rows(ref / "results" / "steps.jsonl")

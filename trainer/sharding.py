@@ -39,6 +39,7 @@ def load_full_parameters(model, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def load_full_adamw_state(model, optimizer, state: dict[str, dict]) -> None:
+    # set_optimizer_state_dict wants param_groups keyed by name too; before the first step the state is empty
     groups = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
     set_optimizer_state_dict(
         model,

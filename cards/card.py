@@ -24,7 +24,17 @@ from transformers import TrainerCallback
 
 from data.prompt import SYSTEM_PROMPT
 from rewards.outcome import Outcome
-from trainer.arms import ARMS, POLICIES, CapPolicy
+from trainer.arms import (
+    ALL_ARMS,
+    ALL_POLICIES,
+    ARMS,
+    MASKED,
+    NO_REWARD,
+    TRAINED,
+    CapPolicy,
+    Treatment,
+    resolve_arm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +144,9 @@ class Run:
         for key in ("arm", "policy_id", "gate", "grader_version", "base_model", "eval"):
             if key not in self.meta:
                 raise ValueError(f"{meta_path}: missing field {key!r}")
-        if self.policy_id not in POLICIES:
-            raise ValueError(f"{meta_path}: unknown policy_id {self.policy_id!r}; known: {sorted(POLICIES)}")
+        if self.policy_id not in ALL_POLICIES:
+            known = sorted(ALL_POLICIES)
+            raise ValueError(f"{meta_path}: unknown policy_id {self.policy_id!r}; known: {known}")
         self.saved = self._numbered(STEP_DIR)
         self.states = self._numbered(STATE_DIR)
         steps_path = self.dir / "results" / "steps.jsonl"
@@ -178,7 +189,13 @@ class Run:
 
     @property
     def policy(self) -> CapPolicy:
-        return POLICIES[self.policy_id]
+        """The policy as trained: the recorded arm's, with the policy_params of its recipe's `arms:`."""
+        extra = self.meta.get("config", {}).get("arms")
+        try:
+            arm = resolve_arm(self.arm, json.loads(extra) if isinstance(extra, str) else extra)
+        except (ValueError, TypeError):  # an arm this version no longer defines: the bare policy
+            return ALL_POLICIES[self.policy_id]
+        return arm.policy if arm.policy_id == self.policy_id else ALL_POLICIES[self.policy_id]
 
     @property
     def groups_per_step(self) -> int | None:
@@ -221,18 +238,40 @@ class Run:
 
 
 # --- what the cards say -----------------------------------------------------------------------------
+def describe_treatment(t: Treatment, failure_reward: float) -> str:
+    if t == TRAINED:
+        return f"active in the loss with reward {failure_reward:g} (trained as failures)"
+    if t == MASKED:
+        return "masked: their tokens leave the loss and the token-count normaliser"
+    if t == NO_REWARD:
+        return "given no reward (NaN): out of the group baseline, advantage 0, tokens kept in the loss normaliser"
+    return f"in the loss: {t.loss}, in the normaliser: {t.normaliser}, in the baseline: {t.baseline}"
+
+
 def describe_policy(policy: CapPolicy) -> dict[str, str]:
+    """The cards' prose for a policy, derived from its row of the table in trainer/arms.py."""
+    truncated, rejected = (
+        describe_treatment(t, policy.failure_reward) for t in (policy.truncated, policy.format_rejected)
+    )
     unresolved = (
-        "active in the loss with reward 0 (trained as failures)"
-        if policy.unresolved_active
-        else "masked: their tokens leave the loss and the token-count normaliser"
+        truncated
+        if truncated == rejected
+        else f"split by kind — truncated: {truncated}; format-rejected: {rejected}"
     )
     gate = {
         "v1": "a group trains iff it has at least one correct and at least one completed wrong",
         "v2": "a group trains iff it has at least one correct and at least one failure of any kind "
         "(wrong, truncated or format-rejected)",
+        "all": "every group trains (no dynamic sampling; a group whose rewards are all equal has advantage 0)",
     }[policy.gate]
-    return {"unresolved": unresolved, "gate": gate}
+    reward = f"1 for correct, {policy.failure_reward:g} for any other gradeable outcome"
+    if policy.overlong_penalty_factor:
+        b = "a fifth of the cap" if policy.overlong_buffer_len is None else f"{policy.overlong_buffer_len}"
+        reward += (
+            f", plus DAPO's soft overlong punishment: −{policy.overlong_penalty_factor:g} × (length − (cap − B)) / B "
+            f"over the last B tokens before the cap (B = {b})"
+        )
+    return {"unresolved": unresolved, "gate": gate, "reward": reward, "source": policy.source}
 
 
 def changes_from_control(run: Run) -> list[str]:
@@ -241,21 +280,42 @@ def changes_from_control(run: Run) -> list[str]:
     if run.arm == CONTROL_ARM:
         return [f"This is the control arm ({control.note})."]
     changes = []
-    if run.policy.unresolved_active != control.policy.unresolved_active:
-        new, old = ("active (reward 0)", "masked") if run.policy.unresolved_active else ("masked", "active")
+    policy, base = run.policy, control.policy
+    split = policy.truncated != policy.format_rejected or base.truncated != base.format_rejected
+    for kind, now, was in (
+        ("Truncated", policy.truncated, base.truncated),
+        ("Format-rejected", policy.format_rejected, base.format_rejected),
+    ):
+        if split and now != was:
+            changes.append(
+                f"{kind} rollouts are {describe_treatment(now, policy.failure_reward)} instead of "
+                f"{describe_treatment(was, base.failure_reward)}."
+            )
+    if (policy.failure_reward, policy.overlong_penalty_factor) != (
+        base.failure_reward,
+        base.overlong_penalty_factor,
+    ):
+        changes.append(f"Reward: {describe_policy(policy)['reward']}.")
+    if not split and policy.unresolved_active != base.unresolved_active:
+        trained = f"active (reward {policy.failure_reward:g})"
+        new, old = (trained, "masked") if policy.unresolved_active else ("masked", "active")
         changes.append(
             f"Unresolved rollouts (truncated or format-rejected) are {new} in the loss instead of {old}."
         )
-    if run.policy.gate != control.policy.gate:
+    if policy.gate != base.gate:
         changes.append(
-            f"Qualification gate {run.policy.gate} instead of {control.policy.gate}: "
-            f"{describe_policy(run.policy)['gate']}."
+            f"Qualification gate {policy.gate} instead of {base.gate}: {describe_policy(policy)['gate']}."
         )
     if run.groups_per_step not in (None, control.groups_per_step):
         changes.append(f"{run.groups_per_step} groups per step instead of {control.groups_per_step}.")
     if not changes:
         return [f"Same cap policy and groups per step as the control arm {CONTROL_ARM}."]
-    return [f"Cap policy `{run.policy_id}` instead of the control's `{control.policy_id}`.", *changes]
+    source = [] if policy.source == base.source else [f"Where the policy comes from: {policy.source}."]
+    return [
+        f"Cap policy `{run.policy_id}` instead of the control's `{control.policy_id}`.",
+        *source,
+        *changes,
+    ]
 
 
 def _pct(x: float) -> str:
@@ -344,7 +404,7 @@ def _render(template: str, data: ModelCardData, **context) -> ModelCard:
 def _common(run: Run) -> dict:
     return {
         "arm": run.arm,
-        "arm_note": ARMS[run.arm].note if run.arm in ARMS else "",
+        "arm_note": ALL_ARMS[run.arm].note if run.arm in ALL_ARMS else "",
         "policy_id": run.policy_id,
         "gate": run.gate,
         "policy": describe_policy(run.policy),

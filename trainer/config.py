@@ -8,11 +8,15 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from trainer.arms import ARMS, POLICIES, Arm
+from trainer.arms import Arm, resolve_arm
 
 
 def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
+
+
+class ConfigError(ValueError):
+    """A recipe or command-line value we refuse; the message starts with the field's name."""
 
 
 @dataclass
@@ -21,7 +25,9 @@ class CapGRPOConfig(GRPOConfig):
     arm: str = field(default="S2", metadata={"help": "Arm name: S0, S2, S4 or one defined under `arms`."})
     arms: dict | str | None = field(
         default=None,
-        metadata={"help": "Extra arms, {name: {policy_id, groups_per_step, note}} (YAML mapping or JSON)."},
+        metadata={
+            "help": "Extra arms, {name: {policy_id, groups_per_step, note, policy_params}} (YAML or JSON)."
+        },
     )
     groups_per_step: int | None = field(
         default=None, metadata={"help": "Qualifying groups per step (arm's)."}
@@ -60,7 +66,14 @@ class CapGRPOConfig(GRPOConfig):
         default=None, metadata={"help": "CPU-offloaded AdamW (default: on for single-process GPU runs)."}
     )
     resume: str | None = field(
-        default=None, metadata={"help": "Run dir with stepNNN/ and stateNNN/ to resume."}
+        default=None,
+        metadata={
+            "help": "Run dir with stepNNN/ and stateNNN/ to resume (in place; output_dir defaults to it)."
+        },
+    )
+    resume_fallback: bool = field(
+        default=False,
+        metadata={"help": "Resume from the newest complete state even when a newer one is broken (named)."},
     )
     cpu_threads: int = field(
         default=1, metadata={"help": "Intra-op threads on CPU-only runs (tiny models run fastest on one)."}
@@ -68,14 +81,20 @@ class CapGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         if isinstance(self.arms, str):
-            self.arms = json.loads(self.arms)
+            try:
+                self.arms = json.loads(self.arms)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"arms: not a JSON mapping ({e})") from None
         if self.use_vllm and not vllm_installed():
             # Recipes for the real run ask for vLLM; without it TRL's transformers generation is used.
             warnings.warn(
                 "use_vllm is set but vLLM is not installed: generating with transformers", stacklevel=2
             )
             self.use_vllm = False
-        arm = self.resolved_arm()
+        try:
+            arm = self.resolved_arm()
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"arm: {e}") from None
         if self.groups_per_step is None:
             self.groups_per_step = arm.groups_per_step
         if self.problems_per_round is None:
@@ -83,18 +102,19 @@ class CapGRPOConfig(GRPOConfig):
         if self.task_seed is None:
             self.task_seed = self.seed
         if not self.output_dir:
-            self.output_dir = f"runs/{self.arm}"
+            self.output_dir = self.resume or f"runs/{self.arm}"
+        self.validate()
         # One optimizer step = exactly groups_per_step × G rollouts, generated once and split into
         # gradient-accumulation micro-batches; the derived sizes below are what TRL's own checks expect.
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rollouts = self.groups_per_step * (self.num_generations or 8)
         if rollouts % (world * self.per_device_train_batch_size):
-            raise ValueError(
+            raise ConfigError(
                 f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
                 f"process(es) × per_device_train_batch_size={self.per_device_train_batch_size}"
             )
         if self.problems_per_round % world:
-            raise ValueError(
+            raise ConfigError(
                 f"problems_per_round={self.problems_per_round} must be divisible by {world} processes"
             )
         self.gradient_accumulation_steps = rollouts // (world * self.per_device_train_batch_size)
@@ -104,17 +124,77 @@ class CapGRPOConfig(GRPOConfig):
         self.save_strategy = "no"  # the Trainer's checkpoints pickle the optimizer; ours are safetensors
         super().__post_init__()
         if self.num_iterations != 1:
-            raise ValueError("num_iterations must be 1: each step trains once on freshly selected groups")
+            raise ConfigError("num_iterations: must be 1 (each step trains once on freshly selected groups)")
+
+    def validate(self) -> None:
+        """Our fields (and the TRL ones we depend on) checked before any model or file is touched."""
+        positive = ("groups_per_step", "problems_per_round", "max_sampling_rounds", "max_completion_length",
+                    "per_device_train_batch_size", "eval_batch_size", "fixed_samples", "heldout_samples",
+                    "grader_workers", "grader_memory_mb", "cpu_threads")  # fmt: skip
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+        for name in ("eval_every", "checkpoint_every", "keep_states", "heldout_size", "fixed_size"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)!r}")
+        if self.num_generations is None or self.num_generations < 2:
+            raise ConfigError(
+                f"num_generations: a group needs at least 2 rollouts, got {self.num_generations!r}"
+            )
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ConfigError(
+                f"max_steps: must be positive (or -1 for num_train_epochs), got {self.max_steps!r}"
+            )
+        if bad := [s for s in self.checkpoint_steps if s <= 0]:
+            raise ConfigError(f"checkpoint_steps: steps are numbered from 1, got {bad}")
+        if self.eval_cap is not None and self.eval_cap <= 0:
+            raise ConfigError(f"eval_cap: must be a positive token count, got {self.eval_cap!r}")
+        for name in ("temperature", "eval_temperature", "grader_timeout_s"):
+            if (value := getattr(self, name)) is not None and not value > 0:
+                raise ConfigError(f"{name}: must be positive, got {value!r}")
+        for name in ("top_p", "eval_top_p"):
+            if (value := getattr(self, name)) is not None and not 0 < value <= 1:
+                raise ConfigError(f"{name}: must be in (0, 1], got {value!r}")
+        if self.learning_rate < 0:
+            raise ConfigError(f"learning_rate: must be 0 or more, got {self.learning_rate!r}")
+        if self.resume and os.path.abspath(self.resume) != os.path.abspath(self.output_dir):
+            raise ConfigError(
+                f"resume: {self.resume} is not output_dir {self.output_dir}: a resume continues that run "
+                f"in place (drop --output_dir, or set it to {self.resume})"
+            )
+        if self.resume_fallback and not self.resume:
+            raise ConfigError("resume_fallback: only meaningful with --resume")
 
     def resolved_arm(self) -> Arm:
-        arms = dict(ARMS)
-        for name, spec in (self.arms or {}).items():
-            arms[name] = Arm(name=name, **spec)
-        if self.arm not in arms:
-            raise ValueError(f"unknown arm {self.arm!r}; known: {sorted(arms)} (add one under `arms:`)")
-        arm = arms[self.arm]
-        if arm.policy_id not in POLICIES:
-            raise ValueError(
-                f"arm {arm.name}: unknown policy_id {arm.policy_id!r}; known: {sorted(POLICIES)}"
-            )
-        return arm
+        return resolve_arm(self.arm, self.arms)
+
+
+# --- resume: which differences from the run's own config keep a resume exact ----------------------------
+# Changing these alters no rollout, gradient or RNG draw: cadence of evaluation/checkpoints/logging, the
+# number of steps (under a constant learning rate), grader parallelism (grading is deterministic) and where
+# results are reported or pushed.
+RESUME_MAY_CHANGE = frozenset(
+    {"max_steps", "eval_every", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
+     "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica", "log_on_each_node",
+     "logging_first_step", "logging_nan_inf_filter", "log_completions", "num_completions_to_print",
+     "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
+     "hub_revision", "log_completions_hub_repo"}
+)  # fmt: skip
+RESUME_ONLY = frozenset({"resume", "resume_fallback"})
+
+
+def resume_changes(old: dict, new: dict) -> tuple[dict, dict]:
+    """(refused, accepted): {field: [old, new]} between the run's recorded config and this launch's.
+
+    Any field not known to be harmless is refused. A field missing from the old config (added to the code
+    since) is not compared."""
+    refused, accepted = {}, {}
+    for name in sorted(set(old) & set(new) - RESUME_ONLY):
+        if old[name] == new[name]:
+            continue
+        harmless = name in RESUME_MAY_CHANGE
+        if name == "max_steps" and new.get("lr_scheduler_type") != "constant":
+            harmless = False  # the schedule is built from max_steps: another length is another curve
+        (accepted if harmless else refused)[name] = [old[name], new[name]]
+    return refused, accepted

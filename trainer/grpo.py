@@ -27,7 +27,6 @@ from cards.push import push
 from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
-from trainer.arms import POLICIES
 from trainer.checkpoint import import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
@@ -46,7 +45,8 @@ class CapGRPOTrainer(GRPOTrainer):
         self.tasks = tasks  # task id -> {"problem", "answer", ...} of the training pool
         self.task_sampler = sampler
         self.arm = args.resolved_arm()
-        self.policy = POLICIES[self.arm.policy_id]
+        self.policy = self.arm.policy
+        self.policy.check(args.max_completion_length, args.loss_type)
         eos = model.generation_config.eos_token_id
         self.outcome_reward = OutcomeReward(eos if isinstance(eos, list) else [eos], pool=grader)
         super().__init__(
@@ -122,12 +122,12 @@ class CapGRPOTrainer(GRPOTrainer):
             problem, answer = self.tasks[group.task_id]["problem"], self.tasks[group.task_id]["answer"]
             for ids, logps, outcome, _ in group.rollouts:
                 outcome = Outcome(outcome)
-                active = ok and self.policy.carries_loss(outcome)
                 row = {
                     "prompt": prompt_messages(problem),
                     "answer": answer,
                     "outcome": outcome,
-                    "active": active,
+                    "active": ok and self.policy.carries_loss(outcome),
+                    "counted": ok and self.policy.counts_in_normaliser(outcome),
                 }
                 rows.append((row, (ids, logps)))
         share = len(rows) // self.accelerator.num_processes
@@ -153,19 +153,29 @@ class CapGRPOTrainer(GRPOTrainer):
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Outcomes were graded once during selection; grading again would double the grader's cost.
+        # The cap policy turns outcome and length into the reward (NaN: out of the baseline, advantage 0).
         if "outcome" not in inputs[0]:
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        rewards = torch.tensor([[reward_of(x["outcome"])] for x in inputs], device=self.accelerator.device)
-        return gather(rewards)
+        cap = self.args.max_completion_length
+        rewards = [
+            [self.policy.reward(x["outcome"], len(ids), cap)]
+            for x, ids in zip(inputs, completion_ids_list, strict=True)
+        ]
+        return gather(torch.tensor(rewards, device=self.accelerator.device))
 
     def _apply_cap_policy(self, output: dict, batch: list[dict]) -> dict:
-        """Rows that carry no loss (policy-masked, indeterminate, padding) leave the loss and its normaliser."""
-        active = torch.tensor([x["active"] for x in batch], device=self.accelerator.device)
-        mask = active[:, None].expand_as(output["completion_mask"]).to(output["completion_mask"].dtype)
-        if "tool_mask" in output:
-            mask = mask * output["tool_mask"]
-        output["tool_mask"] = mask.contiguous()
-        output["num_items_in_batch"] = gather((output["completion_mask"] * mask).sum()).sum()
+        """Rows that carry no loss (policy-masked, indeterminate, padding) leave the loss; the normaliser counts
+        the rows the policy counts (the same rows for every policy but one that splits them, see arms.py)."""
+        device, completion = self.accelerator.device, output["completion_mask"]
+
+        def row_mask(key: str) -> torch.Tensor:
+            rows = torch.tensor([x[key] for x in batch], device=device)
+            mask = rows[:, None].expand_as(completion).to(completion.dtype)
+            return mask * output["tool_mask"] if "tool_mask" in output else mask
+
+        counted = row_mask("counted")
+        output["tool_mask"] = row_mask("active").contiguous()
+        output["num_items_in_batch"] = gather((completion * counted).sum()).sum()
         return output
 
     def _record_selection(self, selection: Selection, groups, trained, output) -> None:

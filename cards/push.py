@@ -3,7 +3,9 @@
     python -m cards.push runs/S2 --repo org/capgrpo-s2 [--steps 10,20] [--states] [--revision main] [--dry-run]
 
 The repo gets `README.md` (run card), `run.json`, `results/`, the chosen `stepNNN/` (each with its card) and,
-with --states, their `stateNNN/`. Cards are regenerated first, with loading snippets that point at the repo.
+with --states, their `stateNNN/`, each verified first (a broken state is refused by name, never uploaded).
+Cards are regenerated first, with loading snippets that point at the repo. A dry run writes nothing: it
+renders the cards in memory and prints the plan with the sizes the push would upload.
 
 Upload method: `HfApi.upload_folder` with `allow_patterns` set to exactly the planned files. The installed
 huggingface_hub (2.x) has no `upload_large_folder`; its `upload_folder` streams files through hf_xet,
@@ -18,13 +20,15 @@ import argparse
 import glob
 import json
 import logging
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
 from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.utils import validate_repo_id
 
-from cards.card import Run, parse_steps, write_cards
+from cards.card import Run, checkpoint_card, parse_steps, run_card, write_cards
+from trainer.state_shard import verify_state
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +41,12 @@ class PlanItem(NamedTuple):
     path_in_repo: str
 
 
-def _files(run_dir: Path, sub: str) -> list[PlanItem]:
-    return [
-        PlanItem(p, p.relative_to(run_dir).as_posix())
-        for p in sorted((run_dir / sub).rglob("*"))
-        if p.is_file() and p.name not in NEVER
-    ]
+def _files(run_dir: Path, sub: str, pending: frozenset[Path] = frozenset()) -> list[PlanItem]:
+    """Files under `sub`, with `pending` ones (a dry run's cards, not written) as if they were there."""
+    found = {p for p in (run_dir / sub).rglob("*") if p.is_file()} | {
+        p for p in pending if p.parent == run_dir / sub
+    }
+    return [PlanItem(p, p.relative_to(run_dir).as_posix()) for p in sorted(found) if p.name not in NEVER]
 
 
 def plan_push(
@@ -52,8 +56,10 @@ def plan_push(
     steps: list[int] | None = None,
     states: bool = False,
     revision: str = "main",
+    pending: frozenset[Path] = frozenset(),
 ) -> list[PlanItem]:
-    """Every file the push uploads and its path in the repo (the run directory's own layout)."""
+    """Every file the push uploads and its path in the repo (the run directory's own layout); `pending`:
+    files the push writes first (cards), planned even where they do not exist yet."""
     validate_repo_id(repo_id)
     if not revision:
         raise ValueError("revision must be a branch name, e.g. main")
@@ -65,12 +71,13 @@ def plan_push(
     if missing := [s for s in state_steps if s not in run.states]:
         raise FileNotFoundError(f"{run.dir}: no state{missing[0]:03d}/ (optimizer states: {run.states})")
     for name in ROOT_FILES:
-        if not (run.dir / name).is_file():
+        if not (run.dir / name).is_file() and run.dir / name not in pending:
             raise FileNotFoundError(f"{run.dir / name}: missing (run `python -m cards.card {run.dir}` first)")
     plan = [PlanItem(run.dir / name, name) for name in ROOT_FILES] + _files(run.dir, "results")
     for s in chosen:
-        plan += _files(run.dir, f"step{s:03d}")
+        plan += _files(run.dir, f"step{s:03d}", pending)
     for s in state_steps:
+        verify_state(run.dir / f"state{s:03d}")  # StateError naming the file: a broken state is not pushed
         plan += _files(run.dir, f"state{s:03d}")
     return plan
 
@@ -81,12 +88,32 @@ def _commit_message(arm: str, plan: list[PlanItem]) -> str:
     return f"capgrpo {arm}: run card, run.json, results/" + "".join(f", {d}/" for d in dirs)
 
 
-def format_plan(repo_id: str, revision: str, commit_message: str, plan: list[PlanItem]) -> str:
-    total = sum(item.local_path.stat().st_size for item in plan)
+def format_plan(
+    repo_id: str,
+    revision: str,
+    commit_message: str,
+    plan: list[PlanItem],
+    sizes: dict[Path, int] | None = None,
+) -> str:
+    """`sizes` overrides what is on disk (a dry run's cards, rendered in memory)."""
+    sizes = sizes or {}
+    size = {i.local_path: sizes[i.local_path] if i.local_path in sizes else i.local_path.stat().st_size
+            for i in plan}  # fmt: skip
     lines = [f"repo: {repo_id} (model)", f"revision: {revision}", f"commit message: {commit_message}"]
-    lines += [f"{i.local_path} -> {i.path_in_repo} ({i.local_path.stat().st_size:,} bytes)" for i in plan]
-    lines.append(f"{len(plan)} files, {total:,} bytes in total")
+    lines += [f"{i.local_path} -> {i.path_in_repo} ({size[i.local_path]:,} bytes)" for i in plan]
+    lines.append(f"{len(plan)} files, {sum(size[i.local_path] for i in plan):,} bytes in total")
     return "\n".join(lines)
+
+
+def rendered_cards(
+    run_dir: Path | str, control: Path | str | None, steps: list[int] | None, repo_id: str
+) -> dict[Path, bytes]:
+    """The cards `write_cards` would write, {path: bytes}, without writing them."""
+    run = Run(run_dir)
+    cards = {run.dir / f"step{s:03d}" / "README.md": checkpoint_card(run.dir, s, repo_id=repo_id)
+             for s in steps or run.saved}  # fmt: skip
+    cards[run.dir / "README.md"] = run_card(run.dir, control, repo_id=repo_id)
+    return {path: str(card).encode() for path, card in cards.items()}
 
 
 def push(
@@ -102,14 +129,30 @@ def push(
     commit_message: str | None = None,
     api: HfApi | None = None,
 ) -> list[PlanItem]:
-    """Regenerate the cards, print the plan, then (unless dry_run) create the repo and upload the plan."""
+    """Regenerate the cards, print the plan, then (unless dry_run) create the repo and upload the plan.
+
+    A dry run writes nothing and calls nothing: the cards are rendered in memory (their sizes go in the
+    plan) and the ones a real push would rewrite are named on stderr."""
     validate_repo_id(repo_id)
-    write_cards(run_dir, control, steps=steps, repo_id=repo_id)  # what lands on the Hub is current
-    plan = plan_push(run_dir, repo_id, steps=steps, states=states, revision=revision)
+    if dry_run:
+        cards = rendered_cards(run_dir, control, steps, repo_id)
+        stale = [p for p, data in cards.items() if not p.is_file() or p.read_bytes() != data]
+    else:
+        write_cards(run_dir, control, steps=steps, repo_id=repo_id)  # what lands on the Hub is current
+        cards = {}
+    plan = plan_push(
+        run_dir, repo_id, steps=steps, states=states, revision=revision, pending=frozenset(cards)
+    )
     arm = json.loads((Path(run_dir) / "run.json").read_text())["arm"]
     message = commit_message or _commit_message(arm, plan)
-    print(("DRY RUN, nothing uploaded\n" if dry_run else "") + format_plan(repo_id, revision, message, plan))
+    sizes = {p: len(data) for p, data in cards.items()}
+    print(
+        ("DRY RUN, nothing uploaded\n" if dry_run else "")
+        + format_plan(repo_id, revision, message, plan, sizes)
+    )
     if dry_run:
+        if stale:
+            print(f"dry run: a push would first regenerate {', '.join(map(str, stale))}", file=sys.stderr)
         return plan
     if (
         constants.HF_HUB_OFFLINE

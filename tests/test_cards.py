@@ -8,11 +8,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from huggingface_hub import ModelCard
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from cards.card import CardCallback, main, scrub_checkpoint_dir, write_checkpoint_card, write_run_card
 from trainer.arms import ARMS
+from trainer.state_shard import save_state
 
 OUTCOMES = ["correct", "wrong", "truncated", "format_rejected", "indeterminate"]
 FIXED = [f"math-fixed{i:07d}" for i in range(4)]
@@ -82,9 +84,8 @@ def make_run(
         d.mkdir()
         (d / "config.json").write_text(json.dumps({"architectures": [ARCH], "model_type": "qwen3_5"}))
         (d / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
-    for s in states:
-        (run / f"state{s:03d}").mkdir()
-        (run / f"state{s:03d}" / "meta.json").write_text(json.dumps({"step": s}))
+    for s in states:  # real (tiny) states: a push verifies them
+        save_state(run / f"state{s:03d}", tensors={"w": torch.zeros(2)}, meta={"step": s})
     return run
 
 

@@ -45,6 +45,8 @@ def test_resume_refuses_another_process_count(tmp_path):
     run = tmp_path / "run"
     (run / "step001").mkdir(parents=True)
     (run / "step001" / "config.json").write_text("{}")
+    (run / "results").mkdir()
+    (run / "results" / "steps.jsonl").write_text('{"step": 1}\n')  # a state never exists without its row
     meta = {"arm": "S2", "policy_id": "affine-unresolved-zero-reward-active-v1", "step": 1, "rng": [{}, {}]}
     save_state(run / "state001", tensors={}, meta=meta)
     args = CapGRPOConfig(output_dir=str(run), arm="S2", report_to="none", use_cpu=True)

@@ -1,5 +1,6 @@
 """Hub push without network: the Hub client is an autospec of HfApi, so calls are checked against its signatures."""
 
+import json
 import logging
 from unittest.mock import create_autospec
 
@@ -10,6 +11,7 @@ from test_cards import make_run
 
 from cards.card import write_cards
 from cards.push import main, plan_push, push
+from trainer.state_shard import StateError
 
 TOKEN = "hf_capgrpoTESTtokenNEVERprinted0123456789"
 REPO = "org/capgrpo-s2"
@@ -37,8 +39,10 @@ def expected_paths(run, steps, states):
     paths |= {p.relative_to(run).as_posix() for p in (run / "results").iterdir()}
     for s in steps:
         paths |= {f"step{s:03d}/{f}" for f in ("README.md", "config.json", "model.safetensors")}
-    for s in states:
-        paths.add(f"state{s:03d}/meta.json")
+    for s in states:  # what the state's own descriptor lists, plus the descriptor and its seal
+        desc = json.loads((run / f"state{s:03d}" / "descriptor.json").read_text())
+        files = [f["file"] for f in desc["shards"] + desc["files"]] + ["descriptor.json", "descriptor.sha256"]
+        paths |= {f"state{s:03d}/{f}" for f in files}
     return paths
 
 
@@ -94,19 +98,35 @@ def test_push_to_main_creates_no_branch(run, api):
     assert api.upload_folder.call_args.kwargs["revision"] == "main"
 
 
-def test_dry_run_prints_the_same_plan_and_calls_nothing(run, api, capsys):
+def tree_bytes(root):
+    return {p: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_dry_run_writes_nothing_and_prints_the_plan_a_push_uploads(run, api, capsys):
+    before = tree_bytes(run)
     main([str(run), "--repo", REPO, "--steps", "6", "--states", "--dry-run"])
-    dry = capsys.readouterr().out
-    plan = plan_push(run, REPO, steps=[6], states=True)
+    dry, err = capsys.readouterr()
+    assert tree_bytes(run) == before  # the stale cards too: a dry run changes nothing
+    assert "a push would first regenerate" in err and str(run / "README.md") in err
     assert dry.startswith(f"DRY RUN, nothing uploaded\nrepo: {REPO} (model)\nrevision: main\n")
-    for item in plan:
-        assert f"{item.local_path} -> {item.path_in_repo} ({item.local_path.stat().st_size:,} bytes)" in dry
-    total = sum(i.local_path.stat().st_size for i in plan)
-    assert f"{len(plan)} files, {total:,} bytes in total" in dry
     push(run, REPO, steps=[6], states=True, api=api)
     real = capsys.readouterr().out
-    assert real.startswith(dry.removeprefix("DRY RUN, nothing uploaded\n"))  # same plan, then the upload
+    assert real.startswith(dry.removeprefix("DRY RUN, nothing uploaded\n"))  # same plan, sizes included
+    plan = plan_push(run, REPO, steps=[6], states=True)
+    for item in plan:  # the sizes printed are those of the files as uploaded
+        assert f"{item.local_path} -> {item.path_in_repo} ({item.local_path.stat().st_size:,} bytes)" in dry
     assert real.endswith(f"pushed: https://huggingface.co/{REPO}/commit/abc\n")
+
+
+def test_a_broken_state_is_never_planned(run, api):
+    shard = run / "state006" / "shard-00000-of-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-3])
+    with pytest.raises(StateError, match=r"state006/shard-00000-of-00001\.safetensors: size .*truncated"):
+        push(run, REPO, steps=[6], states=True, dry_run=True)
+    with pytest.raises(StateError, match="state006"):
+        push(run, REPO, steps=[6], states=True, api=api)
+    assert not api.method_calls
+    push(run, REPO, steps=[5], states=True, api=api)  # the other state is fine
 
 
 def test_token_is_never_printed_logged_or_written(run, api, capsys, caplog, tmp_path):

@@ -59,14 +59,18 @@ def saved(tmp_path, name="state001", seed=0):
 
 
 def rewrite_descriptor(state: Path, edit) -> None:
-    """Change descriptor.json and re-sign it in meta.json, as a buggy writer would."""
+    """Change descriptor.json and re-seal it, as a buggy writer would."""
     desc = json.loads((state / "descriptor.json").read_text())
     edit(desc)
     data = json.dumps(desc).encode()
     (state / "descriptor.json").write_bytes(data)
-    meta = json.loads((state / "meta.json").read_text())
-    meta["descriptor_sha256"] = hashlib.sha256(data).hexdigest()
-    (state / "meta.json").write_text(json.dumps(meta))
+    (state / "descriptor.sha256").write_text(hashlib.sha256(data).hexdigest() + "\n")
+
+
+def edit_meta_step(state: Path) -> None:
+    """meta.json's step 1 -> 2: same size, valid JSON, only its hash tells."""
+    path = state / "meta.json"
+    path.write_text(path.read_text().replace('"step": 1', '"step": 2'))
 
 
 def test_round_trip_bitwise_over_several_shards(tmp_path):
@@ -84,13 +88,18 @@ def test_round_trip_bitwise_over_several_shards(tmp_path):
 
     desc = json.loads((state / "descriptor.json").read_text())
     assert len(desc["shards"]) > 3 and len(desc["tensors"]["master/embed"]["parts"]) > 1
-    assert meta["descriptor_sha256"] == hashlib.sha256((state / "descriptor.json").read_bytes()).hexdigest()
+    seal = (state / "descriptor.sha256").read_text().strip()
+    assert seal == hashlib.sha256((state / "descriptor.json").read_bytes()).hexdigest()
     for s in desc["shards"]:
         data = (state / s["file"]).read_bytes()
         assert re.fullmatch(rf"shard-\d{{5}}-of-{len(desc['shards']):05d}\.safetensors", s["file"])
         assert len(data) == s["bytes"] and hashlib.sha256(data).hexdigest() == s["sha256"]
     assert desc["total_bytes"] == sum(s["bytes"] for s in desc["shards"])
-    assert [f["file"] for f in desc["files"]] == ["trainer_state.json"]
+    assert [f["file"] for f in desc["files"]] == ["meta.json", "trainer_state.json"]  # every file covered
+    assert sorted(p.name for p in state.iterdir()) == sorted(
+        [s["file"] for s in desc["shards"]]
+        + ["meta.json", "trainer_state.json", "descriptor.json", "descriptor.sha256"]
+    )
     assert json.loads((state / "trainer_state.json").read_text())["log_history"][0]["loss"] == 0.5
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state001"]  # no temp dir left behind
 
@@ -142,7 +151,11 @@ def _collision(desc):
     [
         (lambda s: _delete(s / "meta.json"), "meta.json", "missing"),
         (lambda s: _delete(s / "descriptor.json"), "descriptor.json", "missing"),
-        (lambda s: (s / "meta.json").write_text("{not json"), "meta.json", "malformed JSON"),
+        (lambda s: (s / "meta.json").write_text("{not json"), "meta.json", "size"),
+        (edit_meta_step, "meta.json", "sha256 mismatch"),
+        (lambda s: _delete(s / "descriptor.sha256"), "descriptor.sha256", "missing"),
+        (lambda s: (s / "descriptor.sha256").write_text("0" * 64), "descriptor.json", "does not match"),
+        (lambda s: (s / "notes.txt").write_text("x"), "notes.txt", "not listed"),
         (
             lambda s: _delete(s / "shard-00002-of-00007.safetensors"),
             "shard-00002-of-00007.safetensors",

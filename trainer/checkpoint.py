@@ -5,12 +5,14 @@ Resume goes through the Trainer's own resume path with three overrides in `CapGR
 (`_load_from_checkpoint`, `_load_optimizer_and_scheduler`, `_load_rng_state`) that read `stateNNN/`.
 """
 
-import json
+import dataclasses
+import errno
 import os
 import re
 import shutil
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from accelerate.utils import gather_object
@@ -23,7 +25,19 @@ from trainer import sharding
 from trainer.cpu_adamw import CPUAdamW
 from trainer.evaluation import summarize
 from trainer.run_dir import read_jsonl, update_run_json
-from trainer.state_shard import StateError, capture_rng_state, latest_state, load_state, save_state
+from trainer.state_shard import (
+    SEAL,
+    StateError,
+    capture_rng_state,
+    check_free_space,
+    check_state,
+    disk_full,
+    install_dir,
+    load_state,
+    save_state,
+    state_dirs,
+    verify_state,
+)
 
 logger = logging.get_logger(__name__)
 STEP_DIR = re.compile(r"^step(\d{3,})$")
@@ -110,23 +124,32 @@ def load_masters_into_model(model, tensors: dict[str, torch.Tensor]) -> None:
 
 # --- saving -------------------------------------------------------------------------------------------
 def save_weights(trainer, target: Path) -> None:
-    """bf16 safetensors + config (the base's own architecture) + tokenizer + generation config + card."""
+    """bf16 safetensors + config (the base's own architecture) + tokenizer + generation config + card.
+
+    Written to `.stepNNN.tmp-<pid>/` and installed like a state (`install_dir`): an existing stepNNN/ is
+    replaced only once the new one is complete; a failed save removes its temp dir."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     state = trainer.accelerator.get_state_dict(trainer.model)  # gathers sharded (FSDP/ZeRO-3) weights
     if not trainer.accelerator.is_main_process:
         return
+    bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
+    needed = sum(v.nbytes for v in bf16.values())
+    target.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(target, needed)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
     dtype, model.config.dtype = model.config.dtype, torch.bfloat16
     try:
         model.save_pretrained(tmp, state_dict=bf16, safe_serialization=True)
+        trainer.processing_class.save_pretrained(tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise disk_full(target, needed) from None
+        raise
     finally:
         model.config.dtype = dtype
-    trainer.processing_class.save_pretrained(tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    os.replace(tmp, target)
+    install_dir(tmp, target)
 
 
 def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
@@ -152,18 +175,51 @@ def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
         "scheduler": trainer.lr_scheduler.state_dict(),
         "optimizer": opt_meta,
     }
-    trainer.state.save_to_json(str(Path(run_dir) / ".trainer_state.json"))
-    trainer_state = json.loads((Path(run_dir) / ".trainer_state.json").read_text())
-    (Path(run_dir) / ".trainer_state.json").unlink()
-    return save_state(
-        state_dir(run_dir, step), tensors=tensors, meta=meta, extra_json={"trainer_state.json": trainer_state}
+    target = save_state(
+        state_dir(run_dir, step),
+        tensors=tensors,
+        meta=meta,
+        extra_json={"trainer_state.json": dataclasses.asdict(trainer.state)},  # as TrainerState.save_to_json
     )
+    _verified.add(_seal(target))  # written and hashed on the way by this process
+    return target
 
 
-def prune_states(run_dir: Path, keep: int) -> None:
-    states = sorted(p for p in Path(run_dir).glob("state[0-9][0-9][0-9]*") if p.is_dir())
-    for old in states[:-keep] if keep > 0 else []:
-        shutil.rmtree(old)
+# --- which states are verified: hashing a 100 GB state costs a minute, so each is hashed once per process
+_verified: set[tuple[str, str]] = set()
+
+
+def _seal(state: Path) -> tuple[str, str]:
+    return str(Path(state).resolve()), (Path(state) / SEAL).read_text().strip()
+
+
+def is_verified(state: Path) -> bool:
+    """Structure and sizes checked every time; the shards' sha256 once per process (then cached by seal)."""
+    try:
+        check_state(state)
+        if _seal(state) not in _verified:
+            verify_state(state)
+            _verified.add(_seal(state))
+    except (StateError, OSError):
+        return False
+    return True
+
+
+def prune_states(run_dir: Path, keep: int) -> list[Path]:
+    """Keep the newest `keep` verified states (0: all); delete older verified ones, and broken ones older
+    than the newest verified (each named in a warning). A broken state is never kept in place of a good one."""
+    states = state_dirs(run_dir)
+    verified = [d for d in states if is_verified(d)]
+    if keep <= 0 or not verified:
+        return []
+    kept = verified[-keep:]
+    newest = _number(verified[-1])
+    doomed = [d for d in states if d not in kept and (d in verified or _number(d) < newest)]
+    for d in doomed:
+        if d not in verified:
+            logger.warning("removing %s: not a complete, verified state (superseded by %s)", d, verified[-1])
+        shutil.rmtree(d)
+    return doomed
 
 
 def best_heldout_step(run_dir: Path) -> dict | None:
@@ -199,22 +255,83 @@ class CheckpointCallback(TrainerCallback):
 
 
 # --- resume -------------------------------------------------------------------------------------------
-def load_resume_state(run_dir: Path, args) -> tuple[Path, dict[str, torch.Tensor], dict]:
-    """The newest stateNNN/ of `run_dir` with its stepNNN/: every hash verified before the model is touched."""
-    state = latest_state(run_dir)
-    if state is None:
-        raise StateError(f"{run_dir}: no stateNNN/ directory to resume from")
-    weights = step_dir(run_dir, int(state.name.removeprefix("state")))
+def _number(state: Path) -> int:
+    return int(state.name.removeprefix("state"))
+
+
+class Resume(NamedTuple):
+    state: Path | None  # None: no state yet, the run starts over from step 0
+    tensors: dict[str, torch.Tensor]
+    meta: dict
+    skipped: list[str]  # broken newer states passed over under --resume-fallback, with what is wrong
+
+
+def _usable(run_dir: Path, state: Path, steps_logged: set[int]) -> tuple[dict[str, torch.Tensor], dict]:
+    """Load `state` if it is complete and consistent with the run; StateError naming what is wrong."""
+    step = _number(state)
+    weights = step_dir(run_dir, step)
     if not any((weights / f).is_file() for f in ("config.json", "adapter_config.json")):
         raise StateError(f"{weights}: missing (resume needs the stepNNN/ beside {state.name}/)")
+    tensors, meta = load_state(state)  # every byte verified before anything is loaded
+    if meta.get("step") != step:
+        raise StateError(f"{state / 'meta.json'}: step {meta.get('step')!r}, the directory says {step}")
+    if step not in steps_logged:
+        raise StateError(
+            f"{run_dir / 'results' / 'steps.jsonl'}: no row for step {step} ({state.name}/ has one)"
+        )
+    _verified.add(_seal(state))
+    return tensors, meta
+
+
+def load_resume_state(run_dir: Path, args) -> Resume:
+    """The newest complete stateNNN/ of `run_dir` with its stepNNN/, every hash verified before the model is
+    touched. A newer broken state is named and refused unless `args.resume_fallback`. A run with no state
+    at all (killed before its first one) starts over from step 0 (`state` None)."""
+    run_dir = Path(run_dir)
+    states = state_dirs(run_dir)
+    if not states:
+        logger.warning(
+            "%s: no stateNNN/ yet (stopped before its first state): starting over from step 0", run_dir
+        )
+        return Resume(None, {}, {"step": 0}, [])
+    steps_path = run_dir / "results" / "steps.jsonl"
+    steps_logged = {r.get("step") for r in read_jsonl(steps_path)} if steps_path.is_file() else set()
+    broken, chosen = [], None
+    for state in reversed(states):
+        try:
+            tensors, meta = _usable(run_dir, state, steps_logged)
+        except StateError as e:
+            broken.append(str(e))
+            continue
+        chosen = state
+        break
+    way_on = (
+        "add --resume-fallback to resume from it (the broken state is replaced when its step is saved again)"
+    )
+    if chosen is None and not args.resume_fallback:
+        raise StateError(
+            f"no complete state to resume from in {run_dir}: "
+            + "; ".join(broken)
+            + " (--resume-fallback starts over from step 0)"
+        )
+    if broken and not args.resume_fallback:
+        raise StateError(f"{broken[0]}; the newest complete state is {chosen.name}/: {way_on}")
+    for reason in broken:
+        logger.warning("--resume-fallback: skipping a broken state: %s", reason)
+    if chosen is None:
+        return Resume(None, {}, {"step": 0}, broken)
     arm = args.resolved_arm()
-    tensors, meta = load_state(state, expect={"arm": arm.name, "policy_id": arm.policy_id})
+    for field, value in (("arm", arm.name), ("policy_id", arm.policy_id)):
+        if meta.get(field) != value:  # another arm's state: never a fallback
+            raise StateError(
+                f"{chosen / 'meta.json'}: field {field!r} is {meta.get(field)!r}, expected {value!r}"
+            )
     if isinstance(meta.get("rng"), dict):  # written before states held one RNG entry per process
         meta["rng"] = [meta["rng"]]
     saved_by = len(meta.get("rng", []))
     if saved_by != args.world_size:  # rollouts and RNG streams are per process: another split is another run
         raise StateError(
-            f"{state}: saved by {saved_by} process(es), this launch has {args.world_size}; "
+            f"{chosen}: saved by {saved_by} process(es), this launch has {args.world_size}; "
             f"resume with --num_processes {saved_by}"
         )
-    return state, tensors, meta
+    return Resume(chosen, tensors, meta, broken)

@@ -47,12 +47,43 @@ def write_run_json(
         "config": json.loads(args.to_json_string()),
         "versions": versions(),
     }
-    old = run_dir / "run.json"
-    if old.exists():  # a resumed run keeps what earlier segments learned (best step)
-        info = {**json.loads(old.read_text()), **info}
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(old, info)
+    write_json_atomic(run_dir / "run.json", info)
     return info
+
+
+class RunDirError(Exception):
+    """A run directory we refuse to write into or resume; the message names it and the way on."""
+
+
+def refuse_non_empty(run_dir: Path) -> None:
+    """A new run never writes into a directory that holds anything: it would mix or overwrite another run."""
+    run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise RunDirError(f"output_dir {run_dir}: exists and is not a directory")
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    if held:
+        shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
+        raise RunDirError(
+            f"output_dir {run_dir} is not empty (holds {shown}): continue that run with --resume {run_dir}, "
+            "or start a new one with another --output_dir"
+        )
+
+
+def read_run_json(run_dir: Path) -> dict:
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        raise RunDirError(f"{path}: missing, so {run_dir} is not a run directory that can be resumed")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise RunDirError(f"{path}: malformed JSON ({e})") from None
+
+
+def record_resume(run_dir: Path, event: dict) -> None:
+    """A resume is appended to run.json's `resumes`; the run's original fields are never rewritten."""
+    info = read_run_json(run_dir)
+    write_json_atomic(Path(run_dir) / "run.json", {**info, "resumes": [*info.get("resumes", []), event]})
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -1,22 +1,29 @@
-"""The `stateNNN/` exact-resume format (SPEC §6): safetensors shards, descriptor.json, meta.json.
+"""The `stateNNN/` exact-resume format (SPEC §6): safetensors shards, JSON files, a descriptor, a seal.
 
 ```
 stateNNN/shard-00000-of-00003.safetensors ...   ~shard_bytes each; tensors packed in sorted-name order
+stateNNN/meta.json         the caller's meta (step, RNG, sampler, scheduler, ...)
+stateNNN/trainer_state.json ...                 more JSON files (extra_json)
 stateNNN/descriptor.json   {"format", "total_bytes", "shards": [{"file", "bytes", "sha256", "tensors"}],
-                            "files": [{"file", "bytes", "sha256"}],   (extra JSON files, e.g. trainer_state)
+                            "files": [{"file", "bytes", "sha256"}],   (meta.json and every extra file)
                             "tensors": {name: {"dtype", "shape", "parts": [key, ...]}}}
-stateNNN/meta.json         the caller's meta + "descriptor_sha256" (sha256 of descriptor.json's bytes)
+stateNNN/descriptor.sha256 sha256 of descriptor.json's bytes; written last: the state's seal
 ```
+Every file of a state is covered: the seal covers descriptor.json, which covers every other file, and no
+file outside that list may be in the directory. A state without its seal is not a state.
+
 A tensor that does not fit the current shard is split: its flat pieces are stored 1-D under the keys
 "<name>@<first element>" in consecutive shards (so shards stay ~256 MB even for a 2.5 GB embedding);
 a tensor held whole is stored under its own name and shape. No pickle: safetensors and JSON only.
 
 Writes are atomic: everything goes to `.stateNNN.tmp-<pid>/` beside the target, is fsynced, then
-renamed into place and the parent fsynced. `load_state` verifies every byte against descriptor.json
-(and descriptor.json against meta.json) before loading anything, and names the file it refuses.
+renamed into place and the parent fsynced (`install_dir`). A failed save removes its temp dir; a killed
+one's is removed by `remove_interrupted_saves` (every save and every start of training call it).
+`load_state` verifies every byte before loading anything and names the file it refuses.
 """
 
 import base64
+import errno
 import hashlib
 import json
 import math
@@ -32,9 +39,11 @@ import numpy as np
 import safetensors.torch
 import torch
 
-FORMAT = "capgrpo.state/1"
+FORMAT = "capgrpo.state/2"
+SEAL = "descriptor.sha256"
 SHARD_BYTES = 256 * 2**20
 _STATE_DIR = re.compile(r"state(\d{3,})")
+_INTERRUPTED = re.compile(r"\.((?:state|step)\d{3,})\.(tmp|old)-(\d+)")
 _WORKERS = min(8, os.cpu_count() or 1)  # sha256 and file I/O release the GIL
 _DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16",
            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
@@ -45,13 +54,19 @@ class StateError(Exception):
     """A state directory that must not be loaded; the message names the file."""
 
 
+class DiskFullError(OSError):
+    """A save that did not fit; the message names the path, the bytes needed and the bytes free."""
+
+
 @dataclass(frozen=True)
 class Descriptor:
     dir: Path
     shards: list[dict]  # {"file", "bytes", "sha256", "tensors": [keys]}
-    files: list[dict]  # extra JSON files: {"file", "bytes", "sha256"}
+    files: list[dict]  # JSON files, meta.json first: {"file", "bytes", "sha256"}
     tensors: dict[str, dict]  # name -> {"dtype", "shape", "parts": [keys]}
     total_bytes: int
+    meta: dict
+    sha256: str  # of descriptor.json
 
 
 # --- save -----------------------------------------------------------------------------------------
@@ -67,11 +82,10 @@ def save_state(
 
     `extra_json` = {"trainer_state.json": obj, ...}: more JSON files beside meta.json, listed in
     descriptor.json with their sha256 and verified like the shards (NaN allowed, as the HF Trainer writes).
+    A save that does not fit raises DiskFullError (checked up front, and again on ENOSPC mid-write).
     """
     target = Path(dir)
-    if "descriptor_sha256" in meta:
-        raise ValueError("meta must not contain 'descriptor_sha256' (save_state writes it)")
-    meta_text = json.dumps(meta, sort_keys=True, indent=1, allow_nan=False)  # fail before writing anything
+    meta_bytes = json.dumps(meta, sort_keys=True, indent=1, allow_nan=False).encode()  # fails before writing
     extra = {name: json.dumps(obj, indent=1).encode() for name, obj in (extra_json or {}).items()}
     for name in extra:
         if not re.fullmatch(r"[\w.-]+\.json", name) or name in ("meta.json", "descriptor.json"):
@@ -80,29 +94,61 @@ def save_state(
             )
     shards, index = _pack(tensors, shard_bytes)
     names = [f"shard-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    json_files = {"meta.json": meta_bytes, **extra}
+    needed = sum(t.nbytes for s in shards for t in s.values()) + sum(map(len, json_files.values()))
     target.parent.mkdir(parents=True, exist_ok=True)
-    _clean_stale(target.parent)
+    remove_interrupted_saves(target.parent)
+    check_free_space(target, needed)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
 
     def write_shard(i: int) -> dict:
         size, digest = _write_shard(tmp / names[i], shards[i])
         return {"file": names[i], "bytes": size, "sha256": digest, "tensors": list(shards[i])}
 
-    with ThreadPoolExecutor(_WORKERS) as pool:
-        entries = list(pool.map(write_shard, range(len(shards))))
-    for name, data in extra.items():
-        _write(tmp / name, data)
-    files = [{"file": n, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in extra.items()]
-    descriptor = {"format": FORMAT, "total_bytes": sum(e["bytes"] for e in entries), "shards": entries,
-                  "files": files, "tensors": index}  # fmt: skip
-    descriptor_bytes = json.dumps(descriptor, indent=1).encode()
-    _write(tmp / "descriptor.json", descriptor_bytes)
-    full_meta = json.loads(meta_text) | {"descriptor_sha256": hashlib.sha256(descriptor_bytes).hexdigest()}
-    _write(tmp / "meta.json", json.dumps(full_meta, sort_keys=True, indent=1).encode())
-    _fsync_dir(tmp)
+    try:
+        tmp.mkdir()
+        with ThreadPoolExecutor(_WORKERS) as pool:
+            entries = list(pool.map(write_shard, range(len(shards))))
+        for name, data in json_files.items():
+            _write(tmp / name, data)
+        files = [
+            {"file": n, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
+            for n, d in json_files.items()
+        ]
+        descriptor = {"format": FORMAT, "total_bytes": sum(e["bytes"] for e in entries), "shards": entries,
+                      "files": files, "tensors": index}  # fmt: skip
+        descriptor_bytes = json.dumps(descriptor, indent=1).encode()
+        _write(tmp / "descriptor.json", descriptor_bytes)
+        _write(tmp / SEAL, (hashlib.sha256(descriptor_bytes).hexdigest() + "\n").encode())
+        _fsync_dir(tmp)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind, the disk as it was
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            raise disk_full(target, needed) from None
+        raise
+    install_dir(tmp, target)
+    return target
 
+
+def check_free_space(target: Path, needed: int) -> None:
+    if shutil.disk_usage(target.parent).free < needed:
+        raise disk_full(target, needed)
+
+
+def disk_full(target: Path, needed: int) -> DiskFullError:
+    free = shutil.disk_usage(target.parent).free
+    return DiskFullError(
+        errno.ENOSPC,
+        f"{target}: not saved, disk full: needs {needed:,} bytes, {free:,} free in {target.parent} "
+        "(free some space, then resume)",
+    )
+
+
+def install_dir(tmp: Path, target: Path) -> None:
+    """Rename the complete `tmp` to `target`. An existing `target` is renamed away first and deleted only
+    once the new one is in place: a kill between the two renames leaves `.NAME.old-<pid>/`, which
+    `remove_interrupted_saves` puts back."""
     if target.exists():
         old = target.parent / f".{target.name}.old-{os.getpid()}"
         os.replace(target, old)
@@ -112,7 +158,23 @@ def save_state(
     else:
         os.replace(tmp, target)
         _fsync_dir(target.parent)
-    return target
+
+
+def remove_interrupted_saves(parent: Path) -> list[Path]:
+    """Temp dirs of dead saves of `stateNNN/` and `stepNNN/` beside them: `.NAME.tmp-<pid>` are removed,
+    `.NAME.old-<pid>` put back as NAME when NAME is missing (killed between install_dir's renames), else
+    removed. Dirs of a live process other than this one are left alone. Returns what was removed."""
+    removed = []
+    for d in sorted(Path(parent).glob(".*.*-*")):
+        m = _INTERRUPTED.fullmatch(d.name)
+        if not m or not d.is_dir() or (int(m[3]) != os.getpid() and _alive(int(m[3]))):
+            continue
+        if m[2] == "old" and not (d.parent / m[1]).exists():
+            os.replace(d, d.parent / m[1])
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
 
 
 def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict], dict]:
@@ -198,16 +260,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _clean_stale(parent: Path) -> None:
-    """Remove temp dirs of dead saves; `.stateNNN.old-*` only once stateNNN/ itself is back in place."""
-    for d in parent.glob(".state*.*-*"):
-        m = re.fullmatch(r"\.(state\d{3,})\.(tmp|old)-(\d+)", d.name)
-        if not m or not d.is_dir() or (int(m[3]) != os.getpid() and _alive(int(m[3]))):
-            continue
-        if m[2] == "tmp" or (parent / m[1]).is_dir():
-            shutil.rmtree(d, ignore_errors=True)
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -219,12 +271,7 @@ def _alive(pid: int) -> bool:
 
 
 # --- verify and load ------------------------------------------------------------------------------
-def _read_json(path: Path, sha256: str | None = None) -> dict:
-    if not path.is_file():
-        raise StateError(f"{path}: missing")
-    data = path.read_bytes()
-    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
-        raise StateError(f"{path}: sha256 does not match descriptor_sha256 in meta.json (tampered)")
+def _read_json(path: Path, data: bytes) -> dict:
     try:
         obj = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -234,15 +281,29 @@ def _read_json(path: Path, sha256: str | None = None) -> dict:
     return obj
 
 
+def _read(path: Path) -> bytes:
+    if not path.is_file():
+        raise StateError(f"{path}: missing")
+    return path.read_bytes()
+
+
 def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
-    meta = _read_json(dir / "meta.json")
-    if not isinstance(meta.get("descriptor_sha256"), str):
-        raise StateError(f"{dir / 'meta.json'}: no descriptor_sha256")
-    desc_path = dir / "descriptor.json"
-    desc = _read_json(desc_path, meta["descriptor_sha256"])
-    shards, tensors = desc.get("shards"), desc.get("tensors")
-    if desc.get("format") != FORMAT or not isinstance(shards, list) or not isinstance(tensors, dict):
-        raise StateError(f"{desc_path}: malformed (format {desc.get('format')!r}, expected {FORMAT!r})")
+    """Every check but (unless hash_shards) the shards' sha256; the JSON files are small and always hashed."""
+    if not dir.is_dir():
+        raise StateError(f"{dir}: missing")
+    seal_path, desc_path = dir / SEAL, dir / "descriptor.json"
+    seal = _read(seal_path).decode(errors="replace").strip()
+    if not re.fullmatch(r"[0-9a-f]{64}", seal):
+        raise StateError(f"{seal_path}: malformed (expected the sha256 of descriptor.json)")
+    desc_bytes = _read(desc_path)
+    if hashlib.sha256(desc_bytes).hexdigest() != seal:
+        raise StateError(f"{desc_path}: sha256 does not match {SEAL} (corrupted or tampered)")
+    desc = _read_json(desc_path, desc_bytes)
+    shards, files, tensors = desc.get("shards"), desc.get("files"), desc.get("tensors")
+    if desc.get("format") != FORMAT:
+        raise StateError(f"{desc_path}: format {desc.get('format')!r}, expected {FORMAT!r}")
+    if not isinstance(shards, list) or not isinstance(files, list) or not isinstance(tensors, dict):
+        raise StateError(f"{desc_path}: malformed (shards, files and tensors expected)")
     owner: dict[str, str] = {}
     for i, s in enumerate(shards):
         expected = f"shard-{i:05d}-of-{len(shards):05d}.safetensors"
@@ -266,29 +327,35 @@ def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
         raise StateError(
             f"{desc_path}: total_bytes {desc.get('total_bytes')} is not the sum of the shard sizes"
         )
-    listed = {s["file"] for s in shards}
-    for f in sorted(dir.glob("shard-*.safetensors")):
-        if f.name not in listed:
-            raise StateError(f"{f}: shard file not listed in {desc_path}")
-    files = desc.get("files", [])
-    for f in files if isinstance(files, list) else [None]:
+    for f in files:
         if not isinstance(f, dict) or not re.fullmatch(r"[\w.-]+\.json", str(f.get("file"))):
             raise StateError(f"{desc_path}: malformed 'files' entry {f!r}")
+    if "meta.json" not in [f["file"] for f in files]:
+        raise StateError(f"{desc_path}: meta.json not listed (every file of a state is covered)")
+    listed = {s["file"] for s in shards + files} | {"descriptor.json", SEAL}
+    for f in sorted(dir.iterdir()):
+        if f.name not in listed:
+            raise StateError(f"{f}: file not listed in {desc_path}")
     for s in shards + files:
         path = dir / s["file"]
         if not path.is_file():
             raise StateError(f"{path}: missing")
-        if path.stat().st_size != s.get("bytes"):
-            raise StateError(
-                f"{path}: size {path.stat().st_size} bytes, descriptor.json says {s.get('bytes')}"
-            )
+        if (size := path.stat().st_size) != s.get("bytes"):
+            short = " (truncated)" if isinstance(s.get("bytes"), int) and size < s["bytes"] else ""
+            raise StateError(f"{path}: size {size} bytes, descriptor.json says {s.get('bytes')}{short}")
+    json_data = {}
+    for f in files:
+        json_data[f["file"]] = data = (dir / f["file"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != f.get("sha256"):
+            raise StateError(f"{dir / f['file']}: sha256 mismatch (corrupted or edited)")
     if hash_shards:
         with ThreadPoolExecutor(_WORKERS) as pool:
-            digests = list(pool.map(_sha256_file, [dir / s["file"] for s in shards + files]))
-        for s, digest in zip(shards + files, digests):
+            digests = list(pool.map(_sha256_file, [dir / s["file"] for s in shards]))
+        for s, digest in zip(shards, digests):
             if digest != s.get("sha256"):
                 raise StateError(f"{dir / s['file']}: sha256 mismatch (corrupted)")
-    return Descriptor(dir, shards, files, tensors, desc["total_bytes"])
+    meta = _read_json(dir / "meta.json", json_data["meta.json"])
+    return Descriptor(dir, shards, files, tensors, desc["total_bytes"], meta, seal)
 
 
 def _sha256_file(path: Path) -> str:
@@ -299,15 +366,22 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def check_state(dir: Path) -> Descriptor:
+    """Every check of verify_state except hashing the shards (sizes are checked): cheap, for listing."""
+    return _descriptor(Path(dir), hash_shards=False)
+
+
 def verify_state(dir: Path) -> Descriptor:
-    """Check meta.json, descriptor.json and every shard's size and sha256; raise StateError naming the file."""
+    """The seal, descriptor.json, every file's presence, size and sha256, no unlisted file; raise
+    StateError naming the file."""
     return _descriptor(Path(dir), hash_shards=True)
 
 
 def load_state(dir: Path, *, expect: dict | None = None) -> tuple[dict[str, torch.Tensor], dict]:
-    """Verify everything, then load. `expect` (e.g. {"arm": "S2", "policy_id": ...}) must match meta.json."""
+    """Verify everything, then load. `expect` (e.g. {"arm": "S2", "policy_id": ...}) must match meta.json;
+    it is checked before the shards are hashed (fail fast)."""
     dir = Path(dir)
-    meta = _read_json(dir / "meta.json")
+    meta = check_state(dir).meta
     for field, value in (expect or {}).items():
         if meta.get(field) != value:
             raise StateError(
@@ -331,17 +405,20 @@ def load_state(dir: Path, *, expect: dict | None = None) -> tuple[dict[str, torc
         if whole.numel() != math.prod(t["shape"]) or str(whole.dtype).removeprefix("torch.") != t["dtype"]:
             raise StateError(f"{dir / 'descriptor.json'}: tensor {name!r} does not match its dtype/shape")
         tensors[name] = whole.view(t["shape"])
-    return tensors, meta
+    return tensors, desc.meta
+
+
+def state_dirs(run_dir: Path) -> list[Path]:
+    """Every `stateNNN/` of `run_dir` (complete or not), oldest first."""
+    found = [(int(m[1]), d) for d in Path(run_dir).glob("state*") if (m := _STATE_DIR.fullmatch(d.name))]
+    return [d for _, d in sorted(found) if d.is_dir()]
 
 
 def latest_state(run_dir: Path) -> Path | None:
-    """Highest `stateNNN/` passing a structural check (JSON, descriptor hash, shard sizes); None if none."""
-    found = sorted(
-        (int(m[1]), d) for d in Path(run_dir).glob("state*") if (m := _STATE_DIR.fullmatch(d.name))
-    )
-    for _, d in reversed(found):
+    """Highest `stateNNN/` passing check_state (everything but the shard hashes); None if none."""
+    for d in reversed(state_dirs(run_dir)):
         try:
-            _descriptor(d, hash_shards=False)
+            check_state(d)
         except StateError:
             continue
         return d

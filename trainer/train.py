@@ -2,25 +2,47 @@
 
 Every field of `CapGRPOConfig` (TRL's `GRPOConfig` + ours) and TRL's `ModelConfig` can be set in the YAML
 recipe or overridden on the command line (`TrlParser`).
+
+Refusals (a bad field, a non-empty output_dir, a resume that would not be exact, a broken state, a full
+disk) print one `error: ...` line and exit with status 1, before anything is written; `--debug` or
+CAPGRPO_DEBUG=1 shows the traceback instead.
 """
 
+import json
 import os
+import sys
 from pathlib import Path
 
 import torch
 import transformers
+from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
+from transformers.utils import logging
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
 from data.sampler import TaskSampler
-from data.snapshot import load_snapshot, snapshot_sha256
+from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
 from rewards.grader import GraderPool
 from trainer.checkpoint import CheckpointCallback, load_resume_state
-from trainer.config import CapGRPOConfig
+from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.grpo import CapGRPOTrainer
-from trainer.run_dir import StepsLog, truncate_steps, update_run_json, write_run_json
+from trainer.run_dir import (
+    RunDirError,
+    StepsLog,
+    read_run_json,
+    record_resume,
+    refuse_non_empty,
+    truncate_steps,
+    update_run_json,
+    versions,
+    write_run_json,
+)
+from trainer.state_shard import DiskFullError, StateError, remove_interrupted_saves
+
+REFUSALS = (ConfigError, RunDirError, StateError, DiskFullError, SnapshotError)
+logger = logging.get_logger(__name__)
 
 
 def load_base_model(path: str, dtype: str | None = None):
@@ -36,21 +58,66 @@ def load_base_model(path: str, dtype: str | None = None):
     return model, arch
 
 
+def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
+    """Paths and launch checks that need no file written and no model loaded."""
+    if not args.snapshot_path:
+        raise ConfigError("snapshot_path: required (a *.tasks.json task snapshot)")
+    if not Path(args.snapshot_path).is_file():
+        raise ConfigError(f"snapshot_path: {args.snapshot_path}: no such file")
+    model = str(model_args.model_name_or_path or "")
+    if not Path(model).exists() and (model.startswith((".", "/", "~")) or model.count("/") != 1):
+        raise ConfigError(f"model_name_or_path: {model!r}: no such directory (and not a Hub id)")
+    # ZeRO-3 partitions weights and optimizer state in DeepSpeed's own layout (FSDP2 is gathered instead);
+    # `accelerate launch` announces DeepSpeed in this variable.
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+    if deepspeed and (args.eval_every > 0 or args.resume):
+        raise ConfigError(
+            "eval_every/resume: under DeepSpeed set eval_every: 0 (evaluate checkpoints with `make eval`) and "
+            "do not --resume: in-training evaluation and exact resume need 1 process, DDP or FSDP2 (docs/gpu.md)"
+        )
+
+
+def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, snapshot: dict) -> dict:
+    """Compare this launch with the run's run.json: refuse (by name, old → new) what would break exactness,
+    return the accepted changes for the resume event."""
+    info = read_run_json(run_dir)
+    new = json.loads(args.to_json_string())
+    refused, accepted = resume_changes(info.get("config", {}), new)
+    if info.get("base_model") != model_args.model_name_or_path:
+        refused["model_name_or_path"] = [info.get("base_model"), model_args.model_name_or_path]
+    if (was := info.get("snapshot", {}).get("sha256")) != snapshot["sha256"]:
+        refused["snapshot sha256"] = [was, snapshot["sha256"]]
+    if refused:
+        shown = ", ".join(f"{k} {old!r} → {v!r}" for k, (old, v) in refused.items())
+        raise ConfigError(
+            f"{run_dir / 'run.json'}: a resume must keep the run's config, and this launch changes {shown} "
+            "(drop those overrides, or start a new run with another --output_dir)"
+        )
+    if accepted:
+        logger.warning("resume accepts changed %s (recorded in run.json)", ", ".join(accepted))
+    event = {"changed": accepted}
+    if (now := versions()) != info.get("versions"):
+        event["versions"] = now
+    return event
+
+
 def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=()) -> CapGRPOTrainer:
     run_dir = Path(args.output_dir)
     if not torch.cuda.is_available():
         # The embedded model is op-overhead bound: on 2 shared cores one thread generates ~5x faster.
         torch.set_num_threads(args.cpu_threads)
-    # ZeRO-3 partitions weights and optimizer state in DeepSpeed's own layout (FSDP2 is gathered instead);
-    # `accelerate launch` announces DeepSpeed in this variable.
-    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-    if deepspeed and (args.eval_every > 0 or args.resume):
-        raise ValueError(
-            "under DeepSpeed set eval_every: 0 (evaluate checkpoints with `make eval`) and do not --resume: "
-            "in-training evaluation and exact resume need 1 process, DDP or FSDP2 (docs/gpu.md)"
-        )
-    # A resume verifies every hash of stateNNN/ before anything else is loaded.
-    resume = load_resume_state(Path(args.resume), args) if args.resume else None
+    # Every refusal comes before anything is written: checks, then the run.json comparison, then a resume
+    # verifies every hash of the state it picks.
+    check_inputs(args, model_args)
+    snapshot = {"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)}
+    if args.resume:
+        event = resume_event(run_dir, args, model_args, snapshot)
+        resume = load_resume_state(run_dir, args)
+    else:
+        refuse_non_empty(run_dir)
+        event, resume = None, None
+    if args.world_size > 1:  # no process writes before every process has checked
+        PartialState().wait_for_everyone()
 
     tasks_ds = load_snapshot(args.snapshot_path, expected_sha256=args.snapshot_sha256)
     tasks = {row["id"]: row for row in tasks_ds}
@@ -69,15 +136,22 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         batch_size=args.eval_batch_size,
     )
     main_process = args.process_index == 0
-    if main_process:
+    if main_process and resume is None:
         write_run_json(
             run_dir,
             args,
             base_model=model_args.model_name_or_path,
             architecture=arch,
-            snapshot={"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)},
+            snapshot=snapshot,
             eval_sets=eval_sets,
             eval_spec=spec.to_json(),
+        )
+    elif main_process:
+        for d in remove_interrupted_saves(run_dir):
+            logger.warning("removed %s (a save interrupted before it completed)", d)
+        state = resume.state.name if resume.state else None
+        record_resume(
+            run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
         )
     grader = GraderPool(
         workers=args.grader_workers, timeout_s=args.grader_timeout_s, memory_mb=args.grader_memory_mb
@@ -92,7 +166,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         peft_config=get_peft_config(model_args),
         callbacks=list(extra_callbacks),
     )
-    if main_process:  # the accelerator's view: FSDP shows only here, not in PartialState
+    if main_process and resume is None:  # the accelerator's view: FSDP shows only here, not in PartialState
         acc = trainer.accelerator
         update_run_json(
             run_dir,
@@ -114,22 +188,43 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     if eval_cb is not None:
         trainer.add_callback(eval_cb)
     trainer.add_callback(CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path)))
-    if resume is not None:
-        trainer.resume_state, trainer._resume = resume[0], resume[1:]
+    trainer.resume_state = None
+    if resume is not None:  # rows of steps past the state are redone (identically); a state-less run restarts
+        if resume.state is not None:
+            trainer.resume_state, trainer._resume = resume.state, (resume.tensors, resume.meta)
         if main_process:
-            truncate_steps(run_dir, after=trainer._resume[1]["step"])
-    else:
-        trainer.resume_state = None
+            truncate_steps(run_dir, after=resume.meta["step"])
     return trainer
 
 
-def main(argv=None) -> None:
+def train(argv: list[str] | None) -> None:
     parser = TrlParser((CapGRPOConfig, ModelConfig))
     args, model_args = parser.parse_args_and_config(argv)
     trainer = build_trainer(args, model_args)
     trainer.train(resume_from_checkpoint=str(trainer.resume_state) if trainer.resume_state else None)
     trainer.accelerator.wait_for_everyone()  # processes leave together: an early exit can abort the others'
     trainer.accelerator.end_training()  # gloo/NCCL teardown (destroys the process group)
+
+
+def _pop_debug(argv: list[str]) -> bool:
+    """A bare `--debug` is ours (TrainingArguments' own --debug takes a value)."""
+    for i, arg in enumerate(argv):
+        if arg == "--debug" and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+            del argv[i]
+            return True
+    return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _pop_debug(argv) or os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0")
+    try:
+        train(argv)
+    except REFUSALS as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

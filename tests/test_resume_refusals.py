@@ -1,0 +1,275 @@
+"""Refusals of `python -m trainer.train` on a run directory (issue 15): each one is a single `error: ...`
+line with exit status 1, comes before the model is loaded, and leaves every byte of the run directory as it
+was. The run directory is made by hand in the real format (save_state, run.json from the parsed config), so
+no training is needed; loading the model is replaced by a sentinel that proves the refusals came first."""
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from trl import ModelConfig, TrlParser
+
+from data.snapshot import write_snapshot
+from trainer import train
+from trainer.checkpoint import is_verified, prune_states
+from trainer.config import CapGRPOConfig
+from trainer.run_dir import record_resume, versions
+from trainer.state_shard import capture_rng_state, save_state
+
+REPO = Path(__file__).resolve().parent.parent
+POLICY = "affine-unresolved-zero-reward-active-v1"  # S2's
+
+
+class ModelTouched(Exception):
+    pass
+
+
+def tree_digest(root: Path) -> str:
+    """Every path under `root` (hidden ones included) with its bytes."""
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode() + b"\0")
+        if p.is_file():
+            h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def inputs(tmp_path, monkeypatch) -> dict:
+    snapshot = tmp_path / "tiny.tasks.json"
+    write_snapshot(
+        [{"id": f"t{i:03d}", "problem": f"{i} + 1", "answer": str(i + 1)} for i in range(200)], snapshot
+    )
+    base = tmp_path / "base"
+    base.mkdir()
+
+    def touched(*args, **kwargs):
+        raise ModelTouched
+
+    monkeypatch.setattr(train, "load_base_model", touched)
+    return {"snapshot": snapshot, "base": base, "run": tmp_path / "runs" / "S2"}
+
+
+def argv(inputs: dict, *extra: str) -> list[str]:
+    return ["--config", str(REPO / "configs/embedded/S2.yaml"), "--output_dir", str(inputs["run"]),
+            "--model_name_or_path", str(inputs["base"]), "--snapshot_path", str(inputs["snapshot"]),
+            "--report_to", "none", "--checkpoint_steps", "2", "3", *extra]  # fmt: skip
+
+
+def make_run(inputs: dict, states=(2, 3)) -> Path:
+    """A run stopped after step 3 with states at 2 and 3, in the format train.py writes."""
+    args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv(inputs))
+    run = inputs["run"]
+    (run / "results").mkdir(parents=True)
+    info = {"arm": "S2", "policy_id": POLICY, "config": json.loads(args.to_json_string()),
+            "base_model": model_args.model_name_or_path, "versions": versions(),
+            "snapshot": {"path": str(inputs["snapshot"]),
+                         "sha256": hashlib.sha256(inputs["snapshot"].read_bytes()).hexdigest()}}  # fmt: skip
+    (run / "run.json").write_text(json.dumps(info, indent=2))
+    rows = [{"step": s, "arm": "S2", "loss": 0.1 * s} for s in (1, 2, 3)]
+    (run / "results" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for s in (1, 2, 3):
+        (run / f"step{s:03d}").mkdir()
+        (run / f"step{s:03d}" / "config.json").write_text("{}")
+    for s in states:
+        meta = {"step": s, "arm": "S2", "policy_id": POLICY, "rng": [capture_rng_state()],
+                "task_sampler": {"seed": 0, "epoch": 0, "position": 8 * s}}  # fmt: skip
+        save_state(run / f"state{s:03d}", tensors={"master/w": torch.full((300,), float(s))}, meta=meta,
+                   extra_json={"trainer_state.json": {"global_step": s}}, shard_bytes=512)  # fmt: skip
+    return run
+
+
+def refused(inputs: dict, capsys, *extra: str) -> str:
+    """Run trainer.train, expect exit 1 with one `error:` line on stderr; return that line."""
+    with pytest.raises(SystemExit) as exit:
+        train.main(argv(inputs, *extra))
+    assert exit.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error: ") and "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def accepted(inputs: dict, *extra: str) -> None:
+    """Every refusal passed: the next thing is loading the model."""
+    with pytest.raises(ModelTouched):
+        train.main(argv(inputs, *extra))
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-7])
+
+
+def flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def edit_meta(field: str, value):
+    def edit(state: Path) -> None:
+        meta = json.loads((state / "meta.json").read_text())
+        meta[field] = value
+        (state / "meta.json").write_text(json.dumps(meta, sort_keys=True, indent=1))
+
+    return edit
+
+
+# --- items 1-3: a broken newest state is named and refused, unless --resume-fallback -------------------
+@pytest.mark.parametrize(
+    "damage, culprit, what",
+    [
+        (lambda s: truncate(s / "shard-00001-of-00003.safetensors"), "shard-00001-of-00003.safetensors", "truncated"),
+        (lambda s: flip(s / "shard-00000-of-00003.safetensors"), "shard-00000-of-00003.safetensors", "sha256 mismatch"),
+        (lambda s: (s / "descriptor.json").unlink(), "descriptor.json", "missing"),
+        (lambda s: (s / "shard-00002-of-00003.safetensors").unlink(), "shard-00002-of-00003.safetensors", "missing"),
+        (lambda s: (s / "meta.json").unlink(), "meta.json", "missing"),
+        (lambda s: flip(s / "descriptor.json"), "descriptor.json", "does not match"),
+        (edit_meta("step", 2), "meta.json", "sha256 mismatch"),
+        (edit_meta("rng", [{}]), "meta.json", "descriptor.json says"),
+        (edit_meta("task_sampler", {"seed": 0, "epoch": 0, "position": 88}), "meta.json", "sha256 mismatch"),
+        (lambda s: flip(s / "trainer_state.json"), "trainer_state.json", "sha256 mismatch"),
+    ],
+)  # fmt: skip
+def test_broken_newest_state_is_named_and_refused(inputs, capsys, damage, culprit, what):
+    run = make_run(inputs)
+    damage(run / "state003")
+    before = tree_digest(run)
+    line = refused(inputs, capsys, "--resume", str(run))
+    assert f"state003/{culprit}" in line and what in line
+    assert "the newest complete state is state002/" in line and "--resume-fallback" in line
+    assert tree_digest(run) == before
+
+
+def test_fallback_resumes_from_the_newest_complete_state_and_says_so(inputs, caplog):
+    run = make_run(inputs)
+    truncate(run / "state003" / "shard-00001-of-00003.safetensors")
+    before = tree_digest(run)
+    with caplog.at_level(logging.WARNING):
+        accepted(inputs, "--resume", str(run), "--resume-fallback")
+    assert "skipping a broken state" in caplog.text and "state003/shard-00001-of-00003" in caplog.text
+    assert tree_digest(run) == before  # nothing is written before the model is loaded
+
+
+def test_no_complete_state_is_refused(inputs, capsys):
+    run = make_run(inputs)
+    for s in ("state002", "state003"):
+        (run / s / "descriptor.sha256").unlink()  # both interrupted before their seal
+    before = tree_digest(run)
+    line = refused(inputs, capsys, "--resume", str(run))
+    assert (
+        f"no complete state to resume from in {run}" in line and "state002/descriptor.sha256: missing" in line
+    )
+    assert tree_digest(run) == before
+
+
+def test_state_without_its_row_or_weights_is_not_resumed(inputs, capsys):
+    run = make_run(inputs)
+    rows = (run / "results" / "steps.jsonl").read_text().splitlines()
+    (run / "results" / "steps.jsonl").write_text(rows[0] + "\n" + rows[1] + "\n")  # row 3 lost
+    before = tree_digest(run)
+    assert "steps.jsonl: no row for step 3" in refused(inputs, capsys, "--resume", str(run))
+    assert tree_digest(run) == before
+
+
+# --- item 4: the resolved config against run.json ----------------------------------------------------
+@pytest.mark.parametrize(
+    "flags, shown",
+    [
+        (["--learning_rate", "1e-4"], "learning_rate 5e-05 → 0.0001"),
+        (["--max_completion_length", "64"], "max_completion_length 160 → 64"),
+        (["--seed", "1", "--temperature", "0.7"], "seed 0 → 1"),
+        (["--lr_scheduler_type", "linear", "--max_steps", "12"], "max_steps 8 → 12"),
+    ],
+)
+def test_resume_refuses_config_changes_by_name(inputs, capsys, flags, shown):
+    run = make_run(inputs)
+    before = tree_digest(run)
+    line = refused(inputs, capsys, "--resume", str(run), *flags)
+    assert "run.json: a resume must keep the run's config" in line and shown in line
+    assert tree_digest(run) == before
+
+
+def test_resume_refuses_another_base_model_or_snapshot(inputs, capsys, tmp_path):
+    run = make_run(inputs)
+    before = tree_digest(run)
+    other = tmp_path / "other-base"
+    other.mkdir()
+    line = refused(inputs, capsys, "--resume", str(run), "--model_name_or_path", str(other))
+    assert f"model_name_or_path '{inputs['base']}' → '{other}'" in line
+    inputs["snapshot"].write_text(inputs["snapshot"].read_text().replace('"t000"', '"t999"'))
+    assert "snapshot sha256" in refused(inputs, capsys, "--resume", str(run))
+    assert tree_digest(run) == before
+
+
+def test_resume_accepts_harmless_changes(inputs, caplog):
+    run = make_run(inputs)
+    with caplog.at_level(logging.WARNING):
+        accepted(inputs, "--resume", str(run), "--max_steps", "12", "--eval_every", "2", "--keep_states", "3")
+    assert "resume accepts changed eval_every, keep_states, max_steps" in caplog.text
+
+
+def test_resume_event_is_appended_and_the_original_kept(tmp_path):
+    (tmp_path / "run.json").write_text(json.dumps({"config": {"max_steps": 8}, "arm": "S2"}))
+    record_resume(tmp_path, {"from_state": "state004", "step": 4, "changed": {"max_steps": [8, 12]}})
+    record_resume(tmp_path, {"from_state": "state012", "step": 12, "changed": {}})
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["config"] == {"max_steps": 8} and info["arm"] == "S2"
+    assert [e["from_state"] for e in info["resumes"]] == ["state004", "state012"]
+    assert info["resumes"][0]["changed"] == {"max_steps": [8, 12]}
+
+
+# --- item 5: a new run never writes into a non-empty directory --------------------------------------
+def test_fresh_run_into_a_non_empty_run_dir_is_refused(inputs, capsys):
+    run = make_run(inputs)
+    before = tree_digest(run)
+    line = refused(inputs, capsys)
+    assert (
+        f"output_dir {run} is not empty" in line
+        and f"--resume {run}" in line
+        and "another --output_dir" in line
+    )
+    assert tree_digest(run) == before
+    for d in run.iterdir():  # even a directory holding one stray file is another run's
+        if d.name != "run.json":
+            __import__("shutil").rmtree(d) if d.is_dir() else d.unlink()
+    assert "holds run.json" in refused(inputs, capsys)
+
+
+def test_resume_and_output_dir_must_agree(inputs, capsys, tmp_path):
+    make_run(inputs)
+    line = refused(inputs, capsys, "--resume", str(tmp_path / "elsewhere"))
+    assert "resume:" in line and "is not output_dir" in line
+
+
+# --- item 8: the traceback only on request ----------------------------------------------------------
+def test_debug_shows_the_traceback(inputs, monkeypatch):
+    make_run(inputs)
+    with pytest.raises(Exception, match="is not empty"):
+        train.main([*argv(inputs), "--debug"])
+    monkeypatch.setenv("CAPGRPO_DEBUG", "1")
+    with pytest.raises(Exception, match="is not empty"):
+        train.main(argv(inputs))
+
+
+# --- pruning (item 1) --------------------------------------------------------------------------------
+def test_pruning_never_keeps_a_broken_state_over_a_verified_one(tmp_path):
+    for s in (1, 2, 3, 4, 6):
+        save_state(tmp_path / f"state{s:03d}", tensors={"w": torch.full((300,), float(s))}, meta={"step": s},
+                   shard_bytes=512)  # fmt: skip
+    truncate(tmp_path / "state003" / "shard-00000-of-00003.safetensors")  # the issue's case
+    flip(tmp_path / "state004" / "shard-00001-of-00003.safetensors")  # only its hash tells
+    (tmp_path / "state006" / "descriptor.sha256").unlink()  # newest, never sealed: left for resume to name
+    assert not is_verified(tmp_path / "state004") and is_verified(tmp_path / "state002")
+    assert (
+        prune_states(tmp_path, keep=2) == []
+    )  # broken states newer than every verified one: resume names them
+    save_state(tmp_path / "state005", tensors={"w": torch.ones(3)}, meta={"step": 5})  # the run goes on
+    removed = prune_states(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["state001", "state003", "state004"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state002", "state005", "state006"]
+    save_state(tmp_path / "state007", tensors={"w": torch.ones(3)}, meta={"step": 7})
+    prune_states(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state005", "state007"]

@@ -281,27 +281,32 @@ def changes_from_control(run: Run) -> list[str]:
         return [f"This is the control arm ({control.note})."]
     changes = []
     policy, base = run.policy, control.policy
-    split = policy.truncated != policy.format_rejected or base.truncated != base.format_rejected
-    for kind, now, was in (
+    kinds = [
         ("Truncated", policy.truncated, base.truncated),
         ("Format-rejected", policy.format_rejected, base.format_rejected),
-    ):
-        if split and now != was:
-            changes.append(
-                f"{kind} rollouts are {describe_treatment(now, policy.failure_reward)} instead of "
-                f"{describe_treatment(was, base.failure_reward)}."
+    ]
+    if all(now == kinds[0][1] and was == kinds[0][2] for _, now, was in kinds):  # one treatment of both kinds
+        kinds = [("Unresolved", policy.truncated, base.truncated)]
+    for kind, now, was in kinds:
+        if now == was:
+            continue
+        if {now, was} == {TRAINED, MASKED}:  # the seed's own switch, in its words
+            trained = f"active (reward {policy.failure_reward:g})"
+            new, old = (trained, "masked") if now == TRAINED else ("masked", "active")
+            change = f"{new} in the loss instead of {old}"
+        else:
+            now_text, was_text = (
+                describe_treatment(now, policy.failure_reward),
+                describe_treatment(was, base.failure_reward),
             )
+            change = f"{now_text}, instead of {was_text}"
+        of = " (truncated or format-rejected)" if kind == "Unresolved" else ""
+        changes.append(f"{kind} rollouts{of} are {change}.")
     if (policy.failure_reward, policy.overlong_penalty_factor) != (
         base.failure_reward,
         base.overlong_penalty_factor,
     ):
         changes.append(f"Reward: {describe_policy(policy)['reward']}.")
-    if not split and policy.unresolved_active != base.unresolved_active:
-        trained = f"active (reward {policy.failure_reward:g})"
-        new, old = (trained, "masked") if policy.unresolved_active else ("masked", "active")
-        changes.append(
-            f"Unresolved rollouts (truncated or format-rejected) are {new} in the loss instead of {old}."
-        )
     if policy.gate != base.gate:
         changes.append(
             f"Qualification gate {policy.gate} instead of {base.gate}: {describe_policy(policy)['gate']}."

@@ -1,13 +1,15 @@
-"""Grader v1 (SPEC §2): outcomes, boxed-answer extraction, the isolated grading pool and the TRL reward."""
+"""Graders v1 and v2 (SPEC §2): outcomes, boxed-answer extraction, the isolated grading pool, the TRL reward."""
 
 from rewards.boxed import last_boxed
-from rewards.grader import Grade, GraderPool, default_pool, grade, grade_batch, judge
-from rewards.outcome import GRADER_VERSION, UNRESOLVED, Outcome, reward_of
+from rewards.grader import BatchReport, Grade, GraderPool, default_pool, grade, grade_batch, judge
+from rewards.outcome import GRADER_VERSION, GRADER_VERSIONS, UNRESOLVED, Outcome, grader_version, reward_of
 from rewards.reward import OutcomeReward, completion_text
 
 __all__ = [
     "GRADER_VERSION",
+    "GRADER_VERSIONS",
     "UNRESOLVED",
+    "BatchReport",
     "Grade",
     "GraderPool",
     "Outcome",
@@ -16,6 +18,7 @@ __all__ = [
     "default_pool",
     "grade",
     "grade_batch",
+    "grader_version",
     "judge",
     "last_boxed",
     "reward_of",

@@ -6,7 +6,7 @@ group baseline uses nanmean / nanstd, so the rollout is left out of its group's 
 
 from collections.abc import Sequence
 
-from rewards.grader import Grade, GraderPool, default_pool
+from rewards.grader import BatchReport, Grade, GraderPool, default_pool
 from rewards.outcome import Outcome, reward_of
 
 
@@ -28,7 +28,8 @@ class OutcomeReward:
 
     A completion is truncated iff its token ids are empty or do not end with an EOS id (TRL keeps the
     EOS token in `completion_ids`). The reference answer comes from the dataset column `answer`.
-    After each call `last_grades` holds the grade of every completion, in order.
+    After each call `last_grades` holds the grade of every completion, in order, and `last_report` the
+    pool's `BatchReport` (grader time lost to timeouts, items past the batch deadline, ...) for logging.
     """
 
     __name__ = "outcome_reward"
@@ -39,6 +40,7 @@ class OutcomeReward:
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.pool = pool
         self.last_grades: list[Grade] = []
+        self.last_report = BatchReport()
 
     def __call__(self, prompts, completions, completion_ids, answer, **kwargs) -> list[float | None]:
         if not (len(completions) == len(completion_ids) == len(answer)):
@@ -51,6 +53,7 @@ class OutcomeReward:
         self.last_grades = pool.grade_batch(
             [completion_text(c) for c in completions], list(answer), truncated
         )
+        self.last_report = pool.last_report
         return [
             None if g.outcome is Outcome.INDETERMINATE else reward_of(g.outcome) for g in self.last_grades
         ]

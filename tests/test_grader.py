@@ -1,15 +1,18 @@
-"""Grader v1: outcome rules, math-verify equivalence, and the isolated worker pool."""
+"""Grader v1: outcome rules, math-verify equivalence, and the isolated worker pool and its limits."""
 
 import json
+import logging
 import os
-import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
+from grader_judges import hooked_judge
 
 from rewards import grader
-from rewards.grader import Grade, GraderPool, grade, judge
+from rewards.grader import Grade, GraderPool, grade
 from rewards.outcome import GRADER_VERSION, Outcome
 
 MATH500 = Path(__file__).resolve().parents[2] / "shared" / "data" / "math500.jsonl"
@@ -30,24 +33,6 @@ def _math500() -> list[dict]:
 
 def _completion(answer: str) -> str:
     return f"Let me think step by step. So the final answer is $\\boxed{{{answer}}}$."
-
-
-def hooked_judge(answer: str, reference: str) -> Outcome:
-    """Test-only judge run inside the workers: some answers make the worker misbehave on purpose."""
-    if answer == "SLEEP":  # a slow but interruptible grader: the in-worker timer stops it
-        time.sleep(60)
-    if answer == "BLOCK":  # deaf to the timer, like a long C-level computation: the parent kills it
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-        time.sleep(60)
-    if answer == "EXIT":
-        os._exit(3)
-    if answer == "SEGV":
-        os.kill(os.getpid(), signal.SIGSEGV)
-    if answer == "MEMORY":  # far beyond the pool's memory limit
-        bytearray(8 << 30)
-    if answer == "RAISE":
-        raise RuntimeError("grader bug")
-    return judge(answer, reference)
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +178,9 @@ def test_misbehaving_worker_only_loses_its_own_item(hooked_pool):
     )
     assert [g.outcome for g in grades] == [C, IND, C, IND, W, IND, IND, IND, IND, C, C]
     assert [g.answer for g in grades] == answers
+    report = hooked_pool.last_report
+    assert (report.timeouts, report.crashes, report.resource_failures, report.errors) == (2, 2, 1, 1)
+    assert report.indeterminate == 6 and report.seconds_lost > 0
     # every worker that was killed or crashed has been replaced: the pool still grades correctly
     again = ["1", "2", "x=1", "\\frac{3}{3}", "(1)"]
     grades = hooked_pool.grade_batch(
@@ -201,24 +189,173 @@ def test_misbehaving_worker_only_loses_its_own_item(hooked_pool):
     assert [g.outcome for g in grades] == [C, W, C, C, C]
 
 
-def test_truncated_and_unboxed_items_need_no_worker(hooked_pool):
-    # "EXIT" would kill a worker; items decided without math-verify never reach one
+def test_truncated_and_unboxed_items_are_never_judged(hooked_pool):
+    # "EXIT" would kill a worker; items decided without math-verify never reach the judge
     completions = ["cut off \\boxed{EXIT}", "no box", "\\boxed{}"]
     grades = hooked_pool.grade_batch(completions, ["1"] * 3, [True, False, False])
-    assert [g.outcome for g in grades] == [T, F, F]
+    assert [(g.outcome, g.answer) for g in grades] == [(T, "EXIT"), (F, None), (F, "")]
+    assert hooked_pool.last_report.crashes == 0
+
+
+# --- 1: resource failures are indeterminate, never a verdict ---------------------------------------------
+
+
+def test_swallowed_memory_and_recursion_errors_are_indeterminate(hooked_pool):
+    # math-verify and sympy catch Exception around comparisons; the worker makes these two escape it
+    answers = ["SWALLOWED_MEMORY", "SWALLOWED_RECURSION", "1"]
+    grades = hooked_pool.grade_batch([_completion(a) for a in answers], ["1"] * 3, [False] * 3)
+    assert [g.outcome for g in grades] == [IND, IND, C]
+    assert hooked_pool.last_report.resource_failures == 2
+
+
+def test_out_of_memory_inside_math_verify_is_indeterminate():
+    # 2^(2^32) needs 512 MB as an integer: beyond 256 MB of headroom the allocation fails inside
+    # math-verify's comparison, which (unpatched) answers "not equal" -> wrong.
+    with GraderPool(workers=1, timeout_s=60.0, memory_mb=256) as small:
+        [g] = small.grade_batch([_completion("2^{2^{32}}")], ["4^{2^{31}}"], [False])
+        assert g.outcome is IND
+        assert small.last_report.resource_failures == 1
+
+
+def test_deep_nesting_is_indeterminate_not_format_rejected(pool):
+    # the LaTeX parser recurses per level; at this depth it runs out of stack before the CPU limit
+    [g] = pool.grade_batch([_completion("\\frac{1}{" * 150 + "2" + "}" * 150)], ["1"], [False])
+    assert g.outcome is IND
+
+
+# --- 2: CPU time, not wall time, decides -----------------------------------------------------------------
+
+
+def _hogs(cpu: int, n: int) -> list[subprocess.Popen]:
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    for hog in hogs:
+        os.sched_setaffinity(hog.pid, {cpu})
+    return hogs
+
+
+def test_machine_load_changes_speed_not_verdicts():
+    answers = ["SPIN:0.6", "SPIN:3", "1"]  # 0.6 s of CPU: inside the 1 s limit; 3 s: beyond it
+    completions, references = [_completion(a) for a in answers], ["1"] * 3
+    cpu = min(os.sched_getaffinity(0))
+    with GraderPool(workers=1, timeout_s=1.0, wall_timeout_s=60.0, judge=hooked_judge) as pool:
+        quiet = pool.grade_batch(completions, references, [False] * 3)
+        hogs = _hogs(cpu, 3)  # three busy processes on the worker's core: it gets about a quarter of it
+        try:
+            for worker in pool._workers:
+                os.sched_setaffinity(worker.process.pid, {cpu})
+            [slow] = pool.grade_batch(completions[:1], references[:1], [False])
+            slow_seconds = pool.last_report.seconds
+            for worker in pool._workers:  # the 3 s item replaced its worker: pin the new one too
+                os.sched_setaffinity(worker.process.pid, {cpu})
+            loaded = pool.grade_batch(completions, references, [False] * 3)
+        finally:
+            for hog in hogs:
+                hog.kill()
+                hog.wait()
+    assert [g.outcome for g in quiet] == [C, IND, C]
+    assert [g.outcome for g in loaded] == [g.outcome for g in quiet] and slow.outcome is C
+    assert slow_seconds > 1.0  # a wall-clock limit of 1 s would have made it indeterminate
+
+
+# --- 3: length caps, and the scan runs in the worker ---------------------------------------------------
+
+
+def test_huge_completions_and_boxes_are_bounded(pool):
+    completions = [
+        "x" * 50_000_000 + "\\boxed{1}",  # 50 MB: never scanned or sent
+        "x" * 50_000_000 + "\\boxed{1}",  # the same, truncated: still truncated
+        "{" * 1_900_000 + "\\boxed{1}",  # just under the cap: scanned in the worker
+        "\\boxed{" + "1" * 1_000_000 + "}",  # a 1 MB box: over the box cap, never parsed
+        "\\boxed{1}",
+    ]
+    start = time.monotonic()
+    grades = pool.grade_batch(completions, ["1"] * 5, [False, True, False, False, False])
+    assert time.monotonic() - start < 2.0 + 1.0
+    assert [g.outcome for g in grades] == [IND, T, C, IND, C]
+    assert grades[3].answer == "1" * 2000  # capped in the worker's reply
+    assert pool.last_report.oversize == 2
+
+
+# --- 4: batch deadline ------------------------------------------------------------------------------------
+
+
+def test_flood_of_slow_items_stops_at_the_batch_deadline():
+    answers = ["1"] + ["SPIN:60"] * 63 + ["2"]
+    with GraderPool(workers=2, timeout_s=1.0, batch_timeout_s=4.0, judge=hooked_judge) as pool:
+        start = time.monotonic()
+        grades = pool.grade_batch([_completion(a) for a in answers], ["1"] * 65, [False] * 65)
+        elapsed = time.monotonic() - start
+        report = pool.last_report
+        assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]
+    assert elapsed < 4.0 + 1.0, elapsed
+    assert grades[0].outcome is C and {g.outcome for g in grades[1:]} == {IND}
+    assert report.timeouts >= 2 and report.timeouts + report.deadline == 64
+    assert report.indeterminate == 64 and report.seconds_lost >= 2 * 1.0
+    assert set(report.to_log()) >= {"grader/deadline", "grader/timeouts", "grader/seconds_lost"}
+
+
+# --- 5: recycling and failed restarts ---------------------------------------------------------------------
+
+
+def test_workers_are_recycled_after_n_items_and_after_a_timeout():
+    with GraderPool(workers=1, timeout_s=1.0, recycle_after=3, judge=hooked_judge) as pool:
+        first = pool._workers[0].process.pid
+        grades = pool.grade_batch(["\\boxed{1}"] * 7, ["1"] * 7, [False] * 7)
+        assert {g.outcome for g in grades} == {C} and pool.last_report.recycled == 2
+        assert pool._workers[0].process.pid != first
+        grades = pool.grade_batch([_completion("SPIN:5"), "\\boxed{1}"], ["1"] * 2, [False] * 2)
+        assert [g.outcome for g in grades] == [IND, C] and pool.last_report.recycled == 1
+
+
+@pytest.mark.parametrize("failure", ["exit", "hang"])
+def test_failed_restart_is_indeterminate_and_a_warning(monkeypatch, caplog, failure):
+    with GraderPool(workers=1, timeout_s=1.0, startup_timeout_s=2.0, judge=hooked_judge) as pool:
+        monkeypatch.setenv("CAPGRPO_TEST_WORKER_START", failure)  # replacements inherit it
+        with caplog.at_level(logging.WARNING, logger="rewards.grader"):
+            start = time.monotonic()
+            grades = pool.grade_batch(
+                [_completion(a) for a in ["1", "EXIT", "1", "1"]], ["1"] * 4, [False] * 4
+            )
+            elapsed = time.monotonic() - start
+        assert [g.outcome for g in grades] == [C, IND, IND, IND]
+        assert pool.last_report.start_failures == 1 and elapsed < 2.0 + 1.0
+        assert "did not start" in caplog.text
+        monkeypatch.delenv("CAPGRPO_TEST_WORKER_START")
+        assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]  # recovered
+
+
+def test_a_bug_in_the_pool_is_indeterminate_not_an_exception(pool, monkeypatch, caplog):
+    def broken(*args):
+        raise KeyError("bug")
+
+    monkeypatch.setattr(pool, "_on_answer", broken)
+    with caplog.at_level(logging.ERROR, logger="rewards.grader"):
+        grades = pool.grade_batch(["\\boxed{1}", "\\boxed{2}", "no box"], ["1"] * 3, [False, False, True])
+    assert [g.outcome for g in grades] == [IND, IND, T]
+    assert "grader pool failed" in caplog.text
+    monkeypatch.undo()
+    assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]
+
+
+# --- hostile corpus ---------------------------------------------------------------------------------------
 
 
 def _hostile(marker: Path) -> dict[str, str]:
     shell = f"__import__('os').system('touch {marker}')"
     return {
-        "megabytes": "blah { \\frac{1}{2} " * 150_000 + "\\boxed{1}",  # 3 MB
-        "nested braces": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
-        "nested fractions": "\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}",
+        "megabytes": "blah { \\frac{1}{2} " * 100_000 + "\\boxed{1}",  # 1.9 MB, just under the cap
+        "50 MB": "blah { " * 7_500_000 + "\\boxed{1}",
+        "10 MB box": "\\boxed{" + "1+" * 5_000_000 + "1}",
+        "million braces": "}{" * 900_000 + "\\boxed{1}",
+        "nested braces": "\\boxed{" + "{" * 900 + "1" + "}" * 900 + "}",
+        "nested fractions": "\\boxed{" + "\\frac{1}{" * 200 + "2" + "}" * 200 + "}",
         "exponent tower": "\\boxed{9^9^9^9^9}",
         "braced tower": "\\boxed{9^{9^{9^{9^{9}}}}}",
         "huge power": "\\boxed{10^{10^{10}}}",
-        "long sum": "\\boxed{" + "1+" * 100_000 + "1}",
+        "huge power pair": "\\boxed{2^{2^{32}}}",
+        "long sum": "\\boxed{" + "1+" * 900 + "1}",
         "nul bytes": "\x00\\boxed{1\x002}\x00",
+        "lone surrogate": "\\boxed{\ud800}",
         "python in the box": f"\\boxed{{{shell}}}",
         "python as text": f"\\boxed{{\\text{{{shell}}}}} {shell}",
         "python eval": f"\\boxed{{eval(\"open('{marker}', 'w')\")}}",
@@ -226,20 +363,20 @@ def _hostile(marker: Path) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_hostile_completions_are_contained(pool, tmp_path):
+def test_hostile_completions_are_contained(tmp_path):
     marker = tmp_path / "pwned"
-    for name, completion in _hostile(marker).items():
-        pool.grade_batch(["\\boxed{1}"] * 2, ["1"] * 2, [False] * 2)  # workers killed earlier are back
-        start = time.monotonic()
-        [g] = pool.grade_batch([completion], ["1"], [False])
-        elapsed = time.monotonic() - start
-        assert elapsed < 2.0 + 1.0, f"{name}: {elapsed:.1f} s"
-        assert g.outcome in (C, W, F, IND), name
-    assert not marker.exists()
-    assert [g.outcome for g in pool.grade_batch(["\\boxed{1}", "\\boxed{2}"], ["1", "1"], [False] * 2)] == [
-        C,
-        W,
-    ]
+    # wall backstop at timeout + 0.5 s: the bound the caller sees, however loaded the machine is
+    with GraderPool(workers=2, timeout_s=2.0, wall_timeout_s=2.5) as pool:
+        for name, completion in _hostile(marker).items():
+            for reference in ("1", "4^{2^{31}}"):
+                start = time.monotonic()
+                [g] = pool.grade_batch([completion], [reference], [False])  # no exception
+                elapsed = time.monotonic() - start
+                assert elapsed < 2.0 + 1.0, f"{name}: {elapsed:.1f} s"
+                assert g.outcome in (C, W, F, IND), name
+        assert not marker.exists()
+        grades = pool.grade_batch(["\\boxed{1}", "\\boxed{2}"], ["1", "1"], [False] * 2)
+        assert [g.outcome for g in grades] == [C, W]
 
 
 def test_pool_argument_checks(pool):
@@ -251,13 +388,24 @@ def test_pool_argument_checks(pool):
         GraderPool(workers=0)
     with pytest.raises(ValueError, match="module-level"):
         GraderPool(judge=lambda answer, reference: C)
+    with pytest.raises(ValueError, match="unknown grader 'v3'"):
+        GraderPool(grader="v3")
+    with pytest.raises(ValueError, match="wall_timeout_s"):
+        GraderPool(timeout_s=5.0, wall_timeout_s=1.0)
     closed = GraderPool(workers=1)
     closed.close()
     with pytest.raises(RuntimeError, match="closed"):
         closed.grade_batch(["\\boxed{1}"], ["1"], [False])
 
 
-def test_default_pool_is_shared():
+def test_default_pool_is_shared_per_grader():
     assert grader.default_pool() is grader.default_pool()
+    assert grader.default_pool("v2") is not grader.default_pool()
     grades = grader.grade_batch(["\\boxed{0.5}", "\\boxed{2}"], ["\\frac12", "3"], [False, False])
     assert [g.outcome for g in grades] == [C, W]
+    assert {g.grader_version for g in grades} == {GRADER_VERSION}
+    [v2] = grader.grade_batch(["\\boxed{2\\,220}"], ["2220"], [False], grader="v2")
+    assert (v2.outcome, v2.grader_version) == (
+        C,
+        "capgrpo-grader-v2" + GRADER_VERSION.removeprefix("capgrpo-grader-v1"),
+    )

@@ -40,7 +40,7 @@ def test_accuracy_and_outcome_mix(metric):
 def test_indeterminate_is_out_of_the_denominator(metric, monkeypatch):
     outcomes = [Outcome.CORRECT, Outcome.INDETERMINATE, Outcome.WRONG, Outcome.INDETERMINATE]
 
-    def fake_grade_batch(completions, references, truncated):
+    def fake_grade_batch(completions, references, truncated, grader="v1"):
         return [Grade(o, None) for o in outcomes]
 
     monkeypatch.setattr(sys.modules[type(metric).__module__], "grade_batch", fake_grade_batch)

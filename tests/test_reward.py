@@ -90,6 +90,7 @@ def test_trl_sees_the_name_and_the_none(pool):
     assert get_callable_name(reward) == "outcome_reward"
     [value] = reward(prompts=["p"], completions=["\\boxed{CRASH}"], completion_ids=[[EOS]], answer=["1"])
     assert value is None  # TRL maps None to NaN, which nanmean / nanstd leave out of the group baseline
+    assert reward.last_report.crashes == 1 and reward.last_report.indeterminate == 1  # for the step's log
 
 
 def test_bad_arguments(pool):

@@ -1,4 +1,4 @@
-"""`evaluate` metric for grader v1: accuracy over gradeable samples and the mix of outcomes.
+"""`evaluate` metric for capgrpo's graders: accuracy over gradeable samples and the mix of outcomes.
 
 Load it offline with `evaluate.load("<repo>/rewards/metric/capgrpo_math.py")`.
 """
@@ -7,9 +7,9 @@ import datasets
 import evaluate
 
 from rewards.grader import grade_batch
-from rewards.outcome import GRADER_VERSION, Outcome
+from rewards.outcome import Outcome, grader_version
 
-_DESCRIPTION = """Grades model completions against reference answers with capgrpo's grader v1 (the last complete
+_DESCRIPTION = """Grades model completions against reference answers with capgrpo's grader v1 or v2 (the last complete
 \\boxed{...} compared with math-verify, in isolated worker processes). accuracy = correct / (all samples that are
 not indeterminate); indeterminate samples (grader timeout or crash) are counted but never in a denominator."""
 
@@ -19,6 +19,7 @@ Args:
     references: reference answers, the bare content of the reference \\boxed{} (str).
     truncated: optional keyword of `compute`, one bool per completion: it hit the token cap (no EOS).
         Default: none truncated.
+    grader: optional keyword of `compute`, "v1" (default: math-verify's verdicts) or "v2".
 Returns:
     accuracy: correct / non-indeterminate samples (NaN when there are none).
     n: number of samples; gradeable: non-indeterminate samples.
@@ -38,14 +39,15 @@ class CapgrpoMath(evaluate.Metric):
             ),
         )
 
-    def _compute(self, predictions, references, truncated=None):
+    def _compute(self, predictions, references, truncated=None, grader="v1"):
         if truncated is None:
             truncated = [False] * len(predictions)
         elif len(truncated) != len(predictions):
             raise ValueError(
                 f"capgrpo_math: {len(truncated)} truncated flags for {len(predictions)} predictions"
             )
-        grades = grade_batch(predictions, references, truncated)
+        version = grader_version(grader)  # refuses an unknown grader before any work
+        grades = grade_batch(predictions, references, truncated, grader=grader)
         counts = {outcome.value: 0 for outcome in Outcome}
         for g in grades:
             counts[g.outcome.value] += 1
@@ -56,5 +58,5 @@ class CapgrpoMath(evaluate.Metric):
             "n": len(grades),
             "gradeable": gradeable,
             **counts,
-            "grader_version": GRADER_VERSION,
+            "grader_version": version,
         }

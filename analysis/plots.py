@@ -1,9 +1,17 @@
-"""Trajectory plots for an arm comparison (SPEC §7): PNG files, matplotlib's Agg backend (no display)."""
+"""Trajectory plots for an arm comparison (SPEC §7): PNG files, matplotlib's Agg backend (no display).
 
+One line per arm; with several training seeds the line is the mean over seeds and a band spans the lowest
+to the highest seed. Training-step series break where steps.jsonl has no row, rather than bridging the gap
+with a straight line.
+"""
+
+import math
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen before pyplot loads)
@@ -15,108 +23,162 @@ MARKERS = ("o", "s")  # distinct so that overlapping arms stay visible
 
 @dataclass(frozen=True)
 class Trajectory:
-    """One run's series. Eval-step series are indexed like `eval_steps`, per eval set; rates are 0..1."""
+    """One arm's series, one list per training seed. Eval-step series are indexed like `eval_steps`, per
+    eval set; rates are 0..1. Training-step series are indexed like `train_steps`; NaN where a seed logged
+    no value (a null, or no row for that step)."""
 
     label: str
     compared_step: int
     eval_steps: list[int]
-    accuracy: dict[str, list[float]]
-    median_tokens: dict[str, list[float]]
-    truncated: dict[str, list[float]]
-    format_rejected: dict[str, list[float]]
+    accuracy: dict[str, list[list[float]]]
+    median_tokens: dict[str, list[list[float]]]
+    truncated: dict[str, list[list[float]]]
+    format_rejected: dict[str, list[list[float]]]
     train_steps: list[int]
-    logprob_median: list[float]  # NaN where a step logged none
-    gate_stat: list[float]
+    logprob_median: list[list[float]]
+    gate_stat: list[list[float]]
+
+    @property
+    def n_seeds(self) -> int:
+        return len(self.logprob_median)
+
+
+PLOTS = {  # title -> file name
+    "Accuracy per eval step": "accuracy.png",
+    "Median output length per eval step": "output_length.png",
+    "Truncation and format-rejection rates per eval step": "unresolved_rates.png",
+    "Median sampled-token logprob per training step": "logprob_median.png",
+    "Gate statistic per training step": "gate_stat.png",
+}
+
+
+def figures(trajectories: list[Trajectory], sets: list[str]) -> dict[str, plt.Figure]:
+    """Every plot as an open figure, by title (the caller saves or inspects and closes them)."""
+    gate_label = "share of sampled groups: correct + unresolved,\nno completed wrong"
+    return {
+        "Accuracy per eval step": _per_set(trajectories, sets, "accuracy", "accuracy (%)", percent=True),
+        "Median output length per eval step": _per_set(
+            trajectories, sets, "median_tokens", "median completion tokens", percent=False
+        ),
+        "Truncation and format-rejection rates per eval step": _unresolved(trajectories, sets),
+        "Median sampled-token logprob per training step": _per_train_step(
+            trajectories, "logprob_median", "median logprob of sampled tokens"
+        ),
+        "Gate statistic per training step": _per_train_step(trajectories, "gate_stat", gate_label),
+    }
 
 
 def plot_all(out_dir: Path, trajectories: list[Trajectory], sets: list[str]) -> dict[str, Path]:
     """Write every plot into out_dir; returns {title: path}."""
-    return {
-        "Accuracy per eval step": _per_set(
-            out_dir / "accuracy.png", trajectories, sets, "accuracy", "accuracy (%)"
-        ),
-        "Median output length per eval step": _per_set(
-            out_dir / "output_length.png", trajectories, sets, "median_tokens", "median completion tokens"
-        ),
-        "Truncation and format-rejection rates per eval step": _unresolved(
-            out_dir / "unresolved_rates.png", trajectories, sets
-        ),
-        "Median sampled-token logprob per training step": _per_train_step(
-            out_dir / "logprob_median.png", trajectories, "logprob_median", "median logprob of sampled tokens"
-        ),
-        "Gate statistic per training step": _per_train_step(
-            out_dir / "gate_stat.png",
-            trajectories,
-            "gate_stat",
-            "share of sampled groups: correct + unresolved,\nno completed wrong",
-        ),
-    }
+    paths = {}
+    for title, fig in figures(trajectories, sets).items():
+        paths[title] = out_dir / PLOTS[title]
+        fig.tight_layout()
+        fig.savefig(paths[title], dpi=110)
+        plt.close(fig)
+    return paths
 
 
-def _per_set(path: Path, trajs: list[Trajectory], sets: list[str], field: str, ylabel: str) -> Path:
-    scale = 100.0 if field == "accuracy" else 1.0
+def break_gaps(xs: list[int], ys) -> tuple[np.ndarray, np.ndarray]:
+    """Insert a NaN between steps that are not consecutive, so that a line stops at a missing row."""
+    out_x, out_y = [], []
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        if i and x - xs[i - 1] > 1:
+            out_x.append((x + xs[i - 1]) / 2)
+            out_y.append(math.nan)
+        out_x.append(x)
+        out_y.append(y)
+    return np.asarray(out_x, dtype=float), np.asarray(out_y, dtype=float)
+
+
+def _draw(ax, xs, per_seed, color: str, marker: str, label: str, *, scale=1.0, ls="-", gaps=False) -> None:
+    """The mean over seeds as a line, the seeds' range as a band (several seeds)."""
+    ys = np.asarray(per_seed, dtype=float) * scale
+    mean, lo, hi = _nan_stats(ys)
+    if len(ys) > 1:
+        label = f"{label} (mean of {len(ys)} seeds)"
+    x, m = break_gaps(xs, mean) if gaps else (np.asarray(xs, dtype=float), mean)
+    ax.plot(x, m, marker=marker, ms=5 if gaps else 6, ls=ls, color=color, alpha=0.85, label=label)
+    if len(ys) > 1:
+        x, lo = break_gaps(xs, lo) if gaps else (x, lo)
+        _, hi = break_gaps(xs, hi) if gaps else (x, hi)
+        ax.fill_between(x, lo, hi, color=color, alpha=0.15, lw=0)
+
+
+def _nan_stats(ys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean, min and max over seeds (axis 0), NaN where no seed has a value."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN column: a step no seed logged
+        return np.nanmean(ys, 0), np.nanmin(ys, 0), np.nanmax(ys, 0)
+
+
+def _per_set(trajs: list[Trajectory], sets: list[str], field: str, ylabel: str, *, percent: bool):
+    fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
+    scale = 100.0 if percent else 1.0
+    for ax, name in zip(axes[0], sets):
+        for traj, color, marker in zip(trajs, COLORS, MARKERS):
+            per_seed = getattr(traj, field)[name]
+            _draw(ax, traj.eval_steps, per_seed, color, marker, traj.label, scale=scale)
+            _mark_compared(ax, traj, per_seed, color, scale)
+        _style(ax, name, ylabel, [t.eval_steps for t in trajs], percent=percent)
+        if not percent:
+            ax.set_ylim(bottom=0)  # token counts
+    return fig
+
+
+def _unresolved(trajs: list[Trajectory], sets: list[str]):
     fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
     for ax, name in zip(axes[0], sets):
         for traj, color, marker in zip(trajs, COLORS, MARKERS):
-            ys = [y * scale for y in getattr(traj, field)[name]]
-            ax.plot(traj.eval_steps, ys, marker=marker, color=color, alpha=0.85, label=traj.label)
-            _mark_compared(ax, traj, ys, color)
-        _style(ax, name, ylabel)
-    return _save(fig, path)
-
-
-def _unresolved(path: Path, trajs: list[Trajectory], sets: list[str]) -> Path:
-    fig, axes = plt.subplots(1, len(sets), figsize=(5.5 * len(sets), 4), squeeze=False)
-    for ax, name in zip(axes[0], sets):
-        for traj, color, marker in zip(trajs, COLORS, MARKERS):
-            trunc = [100.0 * y for y in traj.truncated[name]]
-            fmt = [100.0 * y for y in traj.format_rejected[name]]
-            ax.plot(
-                traj.eval_steps,
-                trunc,
-                marker=marker,
-                color=color,
-                alpha=0.85,
-                label=f"{traj.label}: truncated",
+            xs = traj.eval_steps
+            _draw(ax, xs, traj.truncated[name], color, marker, f"{traj.label}: truncated", scale=100.0)
+            _draw(
+                ax,
+                xs,
+                traj.format_rejected[name],
+                color,
+                "x",
+                f"{traj.label}: format-rejected",
+                scale=100.0,
+                ls="--",
             )
-            ax.plot(
-                traj.eval_steps, fmt, marker="x", ls="--", color=color, label=f"{traj.label}: format-rejected"
-            )
-        _style(ax, name, "share of graded samples (%)")
-    return _save(fig, path)
+        _style(ax, name, "share of graded samples (%)", [t.eval_steps for t in trajs], percent=True)
+    return fig
 
 
-def _per_train_step(path: Path, trajs: list[Trajectory], field: str, ylabel: str) -> Path:
+def _per_train_step(trajs: list[Trajectory], field: str, ylabel: str):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     for traj, color, marker in zip(trajs, COLORS, MARKERS):
-        ax.plot(
-            traj.train_steps,
-            getattr(traj, field),
-            marker=marker,
-            ms=4,
-            color=color,
-            alpha=0.85,
-            label=traj.label,
-        )
-    _style(ax, "", ylabel)
-    return _save(fig, path)
+        if traj.train_steps:
+            _draw(ax, traj.train_steps, getattr(traj, field), color, marker, traj.label, gaps=True)
+    if not any(t.train_steps for t in trajs):
+        ax.text(0.5, 0.5, "no training steps logged", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
+    _style(ax, "", ylabel, [t.train_steps for t in trajs], percent=False)
+    return fig
 
 
-def _mark_compared(ax, traj: Trajectory, ys: list[float], color: str) -> None:
-    """Ring the step that enters the paired comparison."""
+def _mark_compared(ax, traj: Trajectory, per_seed, color: str, scale: float) -> None:
+    """Ring the step that enters the paired comparison (the mean over seeds)."""
     i = traj.eval_steps.index(traj.compared_step)
-    ax.plot([traj.compared_step], [ys[i]], marker="o", ms=12, mfc="none", mec=color)
+    y = _nan_stats(np.asarray(per_seed, dtype=float)[:, i : i + 1])[0][0] * scale
+    ax.plot([traj.compared_step], [y], marker="o", ms=12, mfc="none", mec=color)
 
 
-def _style(ax, title: str, ylabel: str) -> None:
+def _style(ax, title: str, ylabel: str, steps: list[list[int]], *, percent: bool) -> None:
     ax.set(title=title, xlabel="optimizer step", ylabel=ylabel)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    xs = sorted({x for s in steps for x in s})
+    if not xs:
+        ax.set_xticks([])
+    elif len(xs) == 1:  # one evaluated step: an axis around it, not matplotlib's ±0.045
+        ax.set_xlim(xs[0] - 1, xs[0] + 1)
+        ax.set_xticks(xs)
+    else:
+        pad = 0.04 * (xs[-1] - xs[0])
+        ax.set_xlim(xs[0] - pad, xs[-1] + pad)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if percent:
+        ax.set_ylim(-2, 102)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)

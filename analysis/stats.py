@@ -96,3 +96,95 @@ def _count_monte_carlo(d: np.ndarray, observed: float, tol: float, m: int, seed:
         n_ge += int(np.count_nonzero(sums >= observed - tol))
         n_le += int(np.count_nonzero(sums <= observed + tol))
     return n_ge, n_le
+
+
+def p_floor(method: str, n_resamples: int, tails: int = 2) -> float | None:
+    """The smallest p a Monte Carlo test with `n_resamples` draws can give; None for exact tests."""
+    return tails / (n_resamples + 1) if method == "monte_carlo" else None
+
+
+def format_p(p: float, method: str, n_resamples: int, *, tails: int = 2) -> str:
+    """Exact p to four significant digits; Monte Carlo p to two, or "< floor (Monte Carlo floor)" when no
+    draw was as extreme as the observation (the estimate is then only a bound)."""
+    floor = p_floor(method, n_resamples, tails)
+    if floor is not None and p <= floor * (1 + 1e-9):
+        return f"< {floor:.1g} (Monte Carlo floor)"
+    return f"{p:.4g}" if method == "exact" else f"{p:.2g}"
+
+
+def holm(p_values) -> list[float]:
+    """Holm's step-down adjusted p-values, in the input order: sorted ascending, the i-th smallest (from 1)
+    is multiplied by m − i + 1, made non-decreasing along the order and capped at 1."""
+    p = [float(x) for x in p_values]
+    m, adjusted, running = len(p), [0.0] * len(p), 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p[i])):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+# --- peak and decline with the peak re-selected under the null --------------------------------------
+@dataclass(frozen=True)
+class DeclineResult:
+    peak: int  # index of the peak step among the steps given (the last is the compared step)
+    accuracy: list[float]  # per step: correct / graded over every problem
+    decline: float  # accuracy at the peak − accuracy at the compared step (>= 0)
+    p_value: float  # one-sided: a decline at least this large with the peak chosen after looking
+    n_resamples: int
+    n_varying: int  # problems whose counts are not the same at every step (only they move under the null)
+    method: Literal["monte_carlo"] = "monte_carlo"
+
+    def describe(self) -> str:
+        return (
+            f"step permutation within problem, peak re-selected in each of {self.n_resamples:,} "
+            "Monte Carlo permutations"
+        )
+
+
+def peak_decline_test(correct, graded, *, n_resamples: int = 100_000, seed: int = 0) -> DeclineResult:
+    """Selection-aware test of a decline from the peak to the last of S steps.
+
+    correct, graded: (problems, steps) counts, the compared step last. Accuracy at a step is
+    Σ correct / Σ graded; the peak is the most accurate step (the earliest of ties) and the statistic is
+    accuracy(peak) − accuracy(last). Under the null "the steps do not differ", each problem's counts are
+    exchangeable across steps, so each permutation shuffles every problem's step labels independently, then
+    picks its own peak by the same rule: the p-value accounts for the peak having been chosen after
+    looking. p = (b + 1) / (m + 1) with b of m permutations giving a decline at least the observed one.
+    """
+    c, g = np.asarray(correct, dtype=np.float64), np.asarray(graded, dtype=np.float64)
+    if c.ndim != 2 or c.shape != g.shape or c.shape[1] < 1:
+        raise ValueError(
+            f"peak_decline_test needs (problems, steps) arrays of one shape, got {c.shape}, {g.shape}"
+        )
+    if n_resamples < 1:
+        raise ValueError(f"peak_decline_test: n_resamples must be >= 1, got {n_resamples}")
+    acc = _accuracy(c.sum(0), g.sum(0))
+    peak = int(np.argmax(np.where(np.isnan(acc), -np.inf, acc)))  # argmax takes the first of ties
+    decline = float(acc[peak] - acc[-1]) if not np.isnan(acc[-1]) else 0.0
+    # Problems with the same counts at every step contribute a constant to every step: leave them out
+    # of the shuffling (same p, less work).
+    varying = ~(np.all(c == c[:, :1], axis=1) & np.all(g == g[:, :1], axis=1))
+    cv, gv = c[varying], g[varying]
+    base_c, base_g = c[~varying, 0].sum(), g[~varying, 0].sum()
+    n_steps, k = c.shape[1], int(varying.sum())
+    if decline <= 0 or k == 0:
+        return DeclineResult(peak, acc.tolist(), max(decline, 0.0), 1.0, n_resamples, k)
+    tol = 1e-12
+    rng = np.random.default_rng(seed)
+    chunk = max(1, _CHUNK_ELEMENTS // (k * n_steps))
+    order = np.broadcast_to(np.arange(n_steps), (chunk, k, n_steps))
+    b = 0
+    for start in range(0, n_resamples, chunk):
+        rows = min(chunk, n_resamples - start)
+        perm = rng.permuted(order[:rows], axis=2)
+        sc = np.take_along_axis(np.broadcast_to(cv, (rows, k, n_steps)), perm, axis=2).sum(1) + base_c
+        sg = np.take_along_axis(np.broadcast_to(gv, (rows, k, n_steps)), perm, axis=2).sum(1) + base_g
+        a = _accuracy(sc, sg)
+        d = np.nanmax(np.where(np.isnan(a), -np.inf, a), axis=1) - a[:, -1]
+        b += int(np.count_nonzero(np.nan_to_num(d, nan=0.0) >= decline - tol))
+    return DeclineResult(peak, acc.tolist(), decline, (b + 1) / (n_resamples + 1), n_resamples, k)
+
+
+def _accuracy(correct: np.ndarray, graded: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(graded > 0, correct / np.where(graded > 0, graded, 1), np.nan)

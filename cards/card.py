@@ -509,6 +509,7 @@ def _comparison(run: Run, control: Path | str) -> dict:
     disagree = [f"{ob} → {oa}: {n}" for (ob, oa), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     return {
         "arm": b.arm,
+        "seed": b.seed,
         "dir": os.path.relpath(b.path, run.dir),
         "step_a": step_a,
         "step_b": step_b,
@@ -547,7 +548,7 @@ def _decline(run: Run) -> dict | None:
         "peak": pd.peak_step,
         "last": pd.step,
         "diff": f"{t.mean_diff:+.1f} pp",
-        "p": _p(t.p_value),
+        "p": _p(pd.test.p_value),  # selection-aware: the peak was chosen after looking
         "n": t.n,
     }
 

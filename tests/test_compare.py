@@ -2,13 +2,29 @@
 
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+import matplotlib.pyplot as plt
+import numpy as np
 import pytest
+from scipy.stats import permutation_test
 
-from analysis.compare import CompareError, compare_runs, load_run, main, peak_decline
+from analysis.compare import (
+    CompareError,
+    Comparison,
+    compare_runs,
+    load_run,
+    load_side,
+    main,
+    peak_decline,
+    trajectory,
+)
+from analysis.plots import break_gaps, figures
+from analysis.stats import holm
 from rewards.outcome import Outcome
 
 C, W, T, F, N = "correct", "wrong", "truncated", "format_rejected", "indeterminate"
@@ -20,10 +36,19 @@ B_LAST = {"h": [[T], [F], [C], [C], [T], [W]], "f": [[C, W], [C, C], [C, C], [C,
 
 
 def write_run(
-    root: Path, arm: str, evals: dict, *, n_steps: int = 3, ids=None, grader: str = "grader-test"
+    root: Path,
+    arm: str,
+    evals: dict,
+    *,
+    n_steps: int = 3,
+    ids=None,
+    grader: str = "grader-test",
+    seed: int = 0,
+    config: dict | None = None,
+    train_steps=None,
 ) -> Path:
     """A run directory per docs/CONTRACTS.md. evals: {step: {set: [[outcome per sample] per problem]}};
-    task i of a set is f"{set}-{i}" unless ids gives the lists."""
+    task i of a set is f"{set}-{i}" unless ids gives the lists. config: fields over the default recipe."""
     results = root / "results"
     results.mkdir(parents=True)
     layout = next(iter(evals.values()))
@@ -43,10 +68,18 @@ def write_run(
             "seed": 1,
             "samples": {n: len(p[0]) for n, p in layout.items()},
         },
+        "config": {
+            "arm": arm,
+            "seed": seed,
+            "output_dir": str(root),
+            "learning_rate": 5e-5,
+            **(config or {}),
+        },
     }
     (root / "run.json").write_text(json.dumps(meta))
     steps = [
-        {"step": s, "logprob_median": -0.25 + 0.01 * s, "gate_stat": 0.1 * s} for s in range(1, n_steps + 1)
+        {"step": s, "logprob_median": -0.25 + 0.01 * s, "gate_stat": 0.1 * s}
+        for s in (train_steps if train_steps is not None else range(1, n_steps + 1))
     ]
     (results / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
     for step, sets in evals.items():
@@ -88,7 +121,37 @@ def test_paired_differences_and_disagreements(runs, tmp_path):
     assert f.test.p_value == pytest.approx(2 * 3 / 8)  # sums <= −100: 3 of the 8 patterns of ±50 ±50 ±100
     assert (f.accuracy_a.counts[Outcome.INDETERMINATE], f.accuracy_a.graded) == (2, 6)
     assert (f.accuracy_a.accuracy, f.accuracy_b.accuracy) == (4 / 6, 6 / 7)
-    assert c.disagreements["f"] == {(W, C): 1, (C, W): 1, (C, T): 1, (C, N): 2, (N, C): 1}
+    # Disagreements count the pairs the test uses: the 3 pairs with an indeterminate are left out of both.
+    assert c.disagreements["f"] == {(W, C): 1, (C, W): 1, (C, T): 1}
+    assert (f.pairs, f.pairs_dropped, h.pairs, h.pairs_dropped) == (5, 3, 6, 0)
+    # One sample per problem: the totals and the test's differences are the same pairs.
+    gains = sum(v for (ob, oa), v in c.disagreements["h"].items() if oa == C)
+    losses = sum(v for (ob, oa), v in c.disagreements["h"].items() if ob == C)
+    assert sum(h.diffs_pp) / 100 == gains - losses == 2
+    report = c.report.read_text()
+    assert (
+        "**f**: over the 5 sample pairs graded in both arms (the pairs the test uses; 3 with an indeterminate "
+        "left out), 3 differ; A correct where B is not: 1; B correct where A is not: 2." in report
+    )
+    assert "| B indeterminate" not in report and "→ A indeterminate" not in report
+
+
+def test_headline_says_when_own_denominators_and_paired_mean_differ(runs, tmp_path):
+    c = compare_runs(*runs, tmp_path / "out")
+    f, h = c.paired["f"], c.paired["h"]
+    # f: A 4/6, B 6/7 on their own denominators (−19.0 pp); over the shared pairs A 50.0%, B 83.3%.
+    assert f.own_diff_pp == pytest.approx(100 * (4 / 6 - 6 / 7))
+    assert (f.paired_a, f.paired_b) == pytest.approx((0.5, 5 / 6))
+    assert f.denominators_differ and not h.denominators_differ
+    notes = c.headline_notes()
+    assert notes[0] == (
+        "**f**: the accuracies above use each arm's own denominator and differ by -19.0 pp; the paired "
+        "difference uses the 5 sample pairs graded in both arms (3 problems), where A is 50.0% and B 83.3%: "
+        "-33.3 pp."
+    )
+    assert "3 sample pair(s) indeterminate in A or B left out" in notes[1]
+    assert not any(n.startswith("**h**") for n in notes)
+    assert notes[0] in c.report.read_text()
 
 
 def test_explicit_steps(runs, tmp_path):
@@ -124,7 +187,7 @@ def test_cli_writes_report_and_plots(runs, tmp_path, capsys):
     out = tmp_path / "cmp"
     assert main([str(runs[0]), str(runs[1]), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "A − B (pp)" in printed and "+33.3" in printed and "-33.3" in printed
+    assert "A − B paired (pp)" in printed and "+33.3" in printed and "-33.3" in printed
     report = (out / "report.md").read_text()
     for text in (str(runs[0]), str(runs[1]), "S2", "S0", "grader-test", "step 2", "step 3", "sign-flip"):
         assert text in report
@@ -223,3 +286,256 @@ def test_refuses_unknown_outcome(runs, tmp_path):
     path.write_text(path.read_text().replace('"outcome": "wrong"', '"outcome": "timeout"', 1))
     with pytest.raises(CompareError, match=r"eval_step002.jsonl:4: unknown outcome 'timeout'"):
         compare_runs(*runs, tmp_path / "out")
+
+
+# --- one run of an arm with itself ------------------------------------------------------------------
+def test_a_run_compared_with_itself_is_warned(runs, tmp_path, capsys):
+    c = compare_runs(runs[0], runs[0], tmp_path / "out")
+    assert all(d.test.p_value == 1 for d in c.paired.values())
+    assert c.warnings[0].startswith(f"A and B are the same run ({runs[0]}) at the same step 2")
+    assert "> **Warning:** A and B are the same run" in c.report.read_text()
+    assert main([str(runs[0]), str(runs[0]), "--b-step", "0", "--out", str(tmp_path / "o")]) == 0
+    assert "warning: A and B are the same run" in capsys.readouterr().err
+    assert (
+        "at steps 2 and 0: this compares two steps of one run" in (tmp_path / "o" / "report.md").read_text()
+    )
+
+
+# --- Holm and the primary comparison ------------------------------------------------------------------
+def test_report_names_the_primary_and_adjusts_for_multiplicity(tmp_path):
+    rng = random.Random(3)
+    evals_a = {0: _random_evals(rng, 0.4), 4: _random_evals(rng, 0.9)}
+    evals_b = {0: evals_a[0], 4: _random_evals(rng, 0.3)}
+    a = write_run(tmp_path / "A", "S2", evals_a, ids=MS_IDS)
+    b = write_run(tmp_path / "B", "S0", evals_b, ids=MS_IDS)
+    c = compare_runs(a, b, tmp_path / "out", n_resamples=2000)
+    assert list(c.paired) == ["heldout300", "fixed32"] and c.primary == "heldout300"
+    fam = c.family()
+    assert [name for name, *_ in fam][:2] == ["A − B, heldout300", "A − B, fixed32"] and len(fam) == 6
+    expected = holm([p for _, p, *_ in fam])
+    cells = c.holm_cells()
+    for (name, *_), adj in zip(fam, expected):
+        assert cells[name] == f"{adj:.4g}"
+    report = c.report.read_text()
+    assert "**Primary comparison: heldout300, A at step 4 against B at step 4**" in report
+    assert "| heldout300 (primary) |" in report and "p Holm (6 tests)" in report
+
+
+def test_holm_values_resting_on_a_monte_carlo_floor_print_as_bounds():
+    class Family:  # three tests: one at its Monte Carlo floor (2 / 1001), two exact
+        def family(self):
+            return [
+                ("x", 2 / 1001, "monte_carlo", 1000, 2),
+                ("y", 0.04, "exact", 16, 2),
+                ("z", 0.5, "exact", 16, 2),
+            ]
+
+    # Holm: 3 × 0.001998 = 0.005994 (only bounded: the raw p is), 2 × 0.04 = 0.08, 0.5.
+    assert Comparison.holm_cells(Family()) == {"x": "< 0.006", "y": "0.08", "z": "0.5"}
+
+
+# --- several training seeds per arm --------------------------------------------------------------------
+MS_IDS = {"heldout300": [f"h{i:02d}" for i in range(12)], "fixed32": [f"f{i}" for i in range(4)]}
+
+
+def _random_evals(rng: random.Random, skill: float, indeterminate: float = 0.05) -> dict:
+    def outcome():
+        u = rng.random()
+        return N if u < indeterminate else C if u < indeterminate + skill else rng.choice([W, T, F])
+
+    return {
+        "heldout300": [[outcome()] for _ in range(12)],
+        "fixed32": [[outcome(), outcome()] for _ in range(4)],
+    }
+
+
+@pytest.fixture
+def seeded(tmp_path):
+    """Arms S2 and S0, three training seeds each, shared base evaluation at step 0, compared at step 4."""
+    rng = random.Random(11)
+    base = _random_evals(rng, 0.4)
+    outcomes = {}
+    for arm, skill in (("S2", 0.65), ("S0", 0.4)):
+        for s in range(3):
+            outcomes[arm, s] = {0: base, 2: _random_evals(rng, skill + 0.1), 4: _random_evals(rng, skill)}
+            write_run(tmp_path / f"{arm}-s{s}", arm, outcomes[arm, s], ids=MS_IDS, seed=s)
+    return tmp_path, outcomes
+
+
+def _scipy_paired_p(x, y) -> float:
+    res = permutation_test(
+        (np.asarray(x), np.asarray(y)),
+        lambda a, b, axis: np.mean(a - b, axis=axis),
+        permutation_type="samples",
+        alternative="two-sided",
+        n_resamples=np.inf,
+        vectorized=True,
+    )
+    return float(res.pvalue)
+
+
+def test_pooled_test_against_scipy_on_several_seeds(seeded):
+    root, outcomes = seeded
+    c = compare_runs(f"{root}/S2-s0,{root}/S2-s1,{root}/S2-s2", str(root / "S0-s*"), root / "out")
+    assert c.n_seeds == 3 and c.a.seeds == c.b.seeds == [0, 1, 2] and (c.step_a, c.step_b) == (4, 4)
+    for name in ("heldout300", "fixed32"):
+        # Independently: per problem, the mean over seeds and samples of A correct and of B correct,
+        # over the (seed, sample) pairs with no indeterminate in either arm.
+        x, y, per_seed = [], [], []
+        for t in range(len(MS_IDS[name])):
+            kept = [
+                (oa == C, ob == C)
+                for s in range(3)
+                for oa, ob in zip(outcomes["S2", s][4][name][t], outcomes["S0", s][4][name][t])
+                if N not in (oa, ob)
+            ]
+            if kept:
+                x.append(np.mean([k[0] for k in kept]))
+                y.append(np.mean([k[1] for k in kept]))
+        for s in range(3):
+            d = [
+                np.mean([(oa == C) - (ob == C) for oa, ob in zip(pa, pb) if N not in (oa, ob)])
+                for pa, pb in zip(outcomes["S2", s][4][name], outcomes["S0", s][4][name])
+                if any(N not in pair for pair in zip(pa, pb))
+            ]
+            per_seed.append(100 * np.mean(d))
+        d = c.paired[name]
+        assert d.test.method == "exact" and d.test.n == len(x)
+        assert d.test.mean_diff == pytest.approx(100 * np.mean(np.subtract(x, y)))
+        assert d.test.p_value == pytest.approx(_scipy_paired_p(x, y), abs=1e-12)
+        assert [ps[name].test.mean_diff for _, ps in c.per_seed] == pytest.approx(per_seed)
+        spread = c.spread()[name]
+        assert spread.sd == pytest.approx(statistics.stdev(per_seed))
+        assert spread.a_ahead == sum(v > 0 for v in per_seed)
+    report = c.report.read_text()
+    assert (
+        "3 training seeds per arm" in report
+        and "## Per seed" in report
+        and "## Seed-to-seed spread" in report
+    )
+    assert "band" in report.lower()
+
+
+def test_pooled_decline_picks_the_peak_on_pooled_accuracy(seeded):
+    root, outcomes = seeded
+    c = compare_runs(str(root / "S2-s*"), str(root / "S0-s*"), root / "out", n_resamples=500)
+    pd = c.peaks["A"]["heldout300"]
+    assert pd.steps == [0, 2, 4]
+    graded = {
+        s: sum(o != N for r in range(3) for p in outcomes["S2", r][s]["heldout300"] for o in p)
+        for s in pd.steps
+    }
+    correct = {
+        s: sum(o == C for r in range(3) for p in outcomes["S2", r][s]["heldout300"] for o in p)
+        for s in pd.steps
+    }
+    acc = {s: correct[s] / graded[s] for s in pd.steps}
+    assert pd.test.accuracy == pytest.approx([acc[s] for s in pd.steps])
+    assert pd.peak_step == max(pd.steps, key=lambda s: (acc[s], -s))
+
+
+def test_cli_takes_lists_and_globs(seeded, capsys):
+    root, _ = seeded
+    out = root / "cli"
+    assert (
+        main(
+            [
+                f"{root}/S2-s0,{root}/S2-s1,{root}/S2-s2",
+                f"{root}/S0-s*",
+                "--out",
+                str(out),
+                "--resamples",
+                "500",
+            ]
+        )
+        == 0
+    )
+    printed = capsys.readouterr().out
+    assert "A: S2 step 4 (3 seeds)" in printed and "per-seed A − B" in printed
+    assert (out / "report.md").is_file()
+    assert main([f"{root}/S2-s*", f"{root}/S9-s*", "--out", str(out)]) == 2
+    assert "matches no run directory" in capsys.readouterr().err
+
+
+def test_refuses_seeds_that_do_not_pair(seeded):
+    root, _ = seeded
+    with pytest.raises(
+        CompareError, match=r"same training seeds .* A \(S2\) has \[0, 1, 2\], B \(S0\) has \[0, 1\]"
+    ):
+        compare_runs(str(root / "S2-s*"), f"{root}/S0-s0,{root}/S0-s1", root / "out")
+    with pytest.raises(CompareError, match=r"S2-s1 is listed twice"):
+        compare_runs(f"{root}/S2-s1,{root}/S2-s*", str(root / "S0-s*"), root / "out")
+    with pytest.raises(CompareError, match=r"A mixes arms S0, S2"):
+        compare_runs(f"{root}/S2-s0,{root}/S0-s1", str(root / "S0-s*"), root / "out")
+
+
+def test_refuses_a_repeated_training_seed(seeded):
+    root, outcomes = seeded
+    write_run(root / "S2-again", "S2", outcomes["S2", 1], ids=MS_IDS, seed=1)
+    with pytest.raises(CompareError, match=r"A: training seed 1 appears twice: .*S2-s1 and .*S2-again"):
+        compare_runs(f"{root}/S2-s*,{root}/S2-again", str(root / "S0-s*"), root / "out")
+
+
+def test_refuses_a_seed_with_other_eval_sets(seeded):
+    root, outcomes = seeded
+    ids = {**MS_IDS, "heldout300": [*MS_IDS["heldout300"][:-1], "other"]}
+    write_run(root / "S0-x2", "S0", outcomes["S0", 2], ids=ids, seed=2)
+    with pytest.raises(
+        CompareError, match=r"set heldout300: task ids differ between runs: 1 only in .*S2-s0"
+    ):
+        compare_runs(str(root / "S2-s*"), f"{root}/S0-s0,{root}/S0-s1,{root}/S0-x2", root / "out")
+
+
+def test_refuses_recipes_that_differ_beyond_seed_and_arm(seeded):
+    root, outcomes = seeded
+    write_run(root / "S0-lr", "S0", outcomes["S0", 2], ids=MS_IDS, seed=2, config={"learning_rate": 1e-4})
+    b = f"{root}/S0-s0,{root}/S0-s1,{root}/S0-lr"
+    with pytest.raises(CompareError, match=r"learning_rate: 5e-05 in .*S0-s0; 0\.0001 in .*S0-lr") as e:
+        compare_runs(str(root / "S2-s*"), b, root / "out")
+    assert "--allow-recipe-difference" in str(e.value)
+    c = compare_runs(str(root / "S2-s*"), b, root / "out", allow_recipe=("learning_rate",), n_resamples=200)
+    assert any(w.startswith("recipes differ (allowed): learning_rate: 5e-05 in") for w in c.warnings)
+    # An arm's own fields may differ between the arms, not between the seeds of one arm.
+    write_run(root / "S2-g", "S2", outcomes["S2", 2], ids=MS_IDS, seed=2, config={"groups_per_step": 8})
+    with pytest.raises(CompareError, match=r"groups_per_step: null in .*S2-s0; 8 in .*S2-g"):
+        compare_runs(f"{root}/S2-s0,{root}/S2-s1,{root}/S2-g", str(root / "S0-s*"), root / "out")
+    g = write_run(root / "solo-S2", "S2", outcomes["S2", 0], ids=MS_IDS, config={"groups_per_step": 8})
+    assert compare_runs(g, root / "S0-s0", root / "out", n_resamples=200).warnings == []
+
+
+# --- plots ---------------------------------------------------------------------------------------------
+def test_gaps_in_steps_jsonl_break_the_line():
+    x, y = break_gaps([1, 2, 4, 5], [0.1, 0.2, 0.4, 0.5])
+    assert (
+        x.tolist() == [1, 2, 3, 4, 5] and np.isnan(y[2]) and y[[0, 1, 3, 4]].tolist() == [0.1, 0.2, 0.4, 0.5]
+    )
+
+
+def test_plots_break_at_missing_rows_and_draw_seed_bands(seeded):
+    root, outcomes = seeded
+    gap = write_run(root / "gap", "S2", outcomes["S2", 0], ids=MS_IDS, train_steps=[1, 2, 4])
+    side = load_side("A", gap, None)
+    figs = figures([trajectory(side)], ["heldout300", "fixed32"])
+    line = figs["Median sampled-token logprob per training step"].axes[0].lines[0]
+    assert np.isnan(line.get_ydata()[2]) and line.get_xdata()[2] == 3  # no straight line from 2 to 4
+    banded = figures([trajectory(load_side("A", str(root / "S2-s*"), None))], ["heldout300", "fixed32"])
+    ax = banded["Accuracy per eval step"].axes[0]
+    assert len(ax.collections) == 1 and "mean of 3 seeds" in ax.get_legend_handles_labels()[1][0]
+    for fig in [*figs.values(), *banded.values()]:
+        plt.close(fig)
+
+
+def test_a_step_zero_only_run_draws_sane_axes(tmp_path):
+    evals = {0: {"h": [[C], [W], [C]]}}
+    a = write_run(tmp_path / "A", "S2", evals, train_steps=[])
+    b = write_run(tmp_path / "B", "S0", evals, train_steps=[])
+    c = compare_runs(a, b, tmp_path / "out")
+    assert (c.step_a, c.step_b) == (0, 0) and len(c.plots) == 5
+    figs = figures([trajectory(c.a), trajectory(c.b)], ["h"])
+    acc = figs["Accuracy per eval step"].axes[0]
+    lo, hi = acc.get_xlim()
+    assert lo <= -1 and hi >= 1 and list(acc.get_xticks()) == [0] and acc.get_ylim() == (-2, 102)
+    logp = figs["Median sampled-token logprob per training step"].axes[0]
+    assert [t.get_text() for t in logp.texts] == ["no training steps logged"]
+    for fig in figs.values():
+        plt.close(fig)

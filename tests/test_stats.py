@@ -1,12 +1,13 @@
 """The sign-flip test against scipy's paired permutation test, and on cases small enough to count by hand."""
 
+import itertools
 import math
 
 import numpy as np
 import pytest
 from scipy.stats import permutation_test
 
-from analysis.stats import sign_flip_test
+from analysis.stats import format_p, holm, peak_decline_test, sign_flip_test
 
 
 def scipy_p(x, y, n_resamples=np.inf, rng=0) -> float:
@@ -112,3 +113,86 @@ def test_all_zero_differences():
 def test_rejects_bad_input(bad):
     with pytest.raises(ValueError, match="sign_flip_test"):
         sign_flip_test(bad)
+
+
+# --- multiplicity and printing ------------------------------------------------------------------------
+def test_holm_hand_worked():
+    # Sorted: 0.005 × 4 = 0.02, 0.01 × 3 = 0.03, 0.03 × 2 = 0.06, 0.04 × 1 = 0.04 → raised to 0.06 (monotone).
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == [1.0, 1.0]  # 0.5 × 2 = 1, and the next cannot be smaller
+    assert holm([0.2]) == [0.2]
+
+
+def test_p_values_print_exact_or_as_a_monte_carlo_bound():
+    assert format_p(2 / 100_001, "monte_carlo", 100_000) == "< 2e-05 (Monte Carlo floor)"
+    assert format_p(1 / 1001, "monte_carlo", 1000, tails=1) == "< 0.001 (Monte Carlo floor)"
+    assert format_p(4 / 100_001, "monte_carlo", 100_000) == "4e-05"  # one draw as extreme: an estimate
+    assert format_p(0.012134, "monte_carlo", 100_000) == "0.012"
+    assert format_p(0.59672, "exact", 4096) == "0.5967" and format_p(6.5e-05, "exact", 2**20) == "6.5e-05"
+    mc = sign_flip_test(np.ones(30), n_resamples=999)
+    assert format_p(mc.p_value, mc.method, mc.n_resamples) == "< 0.002 (Monte Carlo floor)"
+
+
+# --- peak and decline, selection-aware --------------------------------------------------------------------
+def _decline(correct, graded) -> tuple[int, float]:
+    acc = correct.sum(0) / graded.sum(0)
+    peak = int(np.argmax(acc))
+    return peak, acc[peak] - acc[-1]
+
+
+def test_decline_test_against_full_enumeration():
+    # 6 problems × 3 steps (the compared step last): every one of the (3!)^6 step relabellings counted.
+    correct = np.array([[0, 1, 1], [0, 1, 0], [1, 1, 0], [1, 1, 1], [0, 1, 1], [0, 0, 0]], dtype=float)
+    graded = np.ones_like(correct)
+    graded[1, 2] = 0  # an indeterminate sample at the compared step
+    correct[1, 2] = 0
+    peak, observed = _decline(correct, graded)
+    hits = total = 0
+    for perms in itertools.product(itertools.permutations(range(3)), repeat=6):
+        idx = np.array(perms)
+        c, g = np.take_along_axis(correct, idx, 1), np.take_along_axis(graded, idx, 1)
+        hits += _decline(c, g)[1] >= observed - 1e-12
+        total += 1
+    exact = hits / total
+    res = peak_decline_test(correct, graded, n_resamples=40_000, seed=3)
+    assert (res.peak, res.decline) == (peak, pytest.approx(observed))
+    assert res.accuracy == pytest.approx([2 / 6, 5 / 6, 3 / 5])
+    assert res.n_varying == 4  # problems 3 and 5 are the same at every step
+    assert abs(res.p_value - exact) < 5 * math.sqrt(exact * (1 - exact) / 40_000) + 1e-4
+    assert peak_decline_test(correct, graded, n_resamples=500, seed=3) == peak_decline_test(
+        correct, graded, n_resamples=500, seed=3
+    )
+
+
+def test_no_decline_gives_p_one():
+    correct = np.array([[0, 1], [1, 1], [0, 0]], dtype=float)
+    res = peak_decline_test(correct, np.ones_like(correct), n_resamples=100)
+    assert (res.peak, res.decline, res.p_value) == (1, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("n_steps", [4, 11])
+def test_decline_test_keeps_its_level_when_nothing_changes(n_steps):
+    # Each problem has its own success rate, the same at every step: any "decline" is noise. The
+    # selection-aware test should reject at about 5%; testing the chosen peak as if fixed in advance
+    # (a sign-flip of last − peak) rejects more often the more steps there are to choose from.
+    rng = np.random.default_rng(100 + n_steps)
+    n_sims, n_problems = 300, 40
+    aware = naive = 0
+    for i in range(n_sims):
+        q = rng.random(n_problems)
+        correct = (rng.random((n_problems, n_steps)) < q[:, None]).astype(float)
+        res = peak_decline_test(correct, np.ones_like(correct), n_resamples=199, seed=i)
+        aware += res.p_value <= 0.05
+        d = correct[:, -1] - correct[:, res.peak]
+        naive += (
+            res.peak != n_steps - 1
+            and sign_flip_test(d, n_resamples=999, seed=i, exact_max=12).p_value <= 0.05
+        )
+    rate, naive_rate = aware / n_sims, naive / n_sims
+    print(
+        f"{n_steps} evaluations, no true change: selection-aware p <= 0.05 in {rate:.1%}, naive {naive_rate:.1%}"
+    )
+    se = math.sqrt(0.05 * 0.95 / n_sims)
+    assert 0.05 - 3 * se < rate <= 0.05 + 3 * se
+    if n_steps == 11:
+        assert naive_rate > rate

@@ -7,7 +7,7 @@ BASE ?= artifacts/base
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup test test-fast lint format base train eval compare experiment card push
+.PHONY: setup test test-fast lint format base train eval compare experiment card push regrade
 
 setup:  ## venv with the CPU torch wheel and the package (editable) + dev tools
 	python3 -m venv .venv
@@ -39,6 +39,9 @@ train: $(if $(findstring configs/embedded/,$(RECIPE)),base)  ## make train ARM=S
 
 eval:  ## make eval RUN=runs/S2 STEPS=20,29 [CAP=24576]: evaluate saved checkpoints after the fact
 	$(PY) -m trainer.evaluation $(RUN) --steps $(STEPS) $(if $(CAP),--cap $(CAP))
+
+regrade:  ## make regrade RUN=runs/S2 [GRADER=v2]: re-grade the run's eval files into results/regrade-GRADER/
+	$(PY) -m rewards.regrade $(RUN) --grader $(or $(GRADER),v2)
 
 compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/S2 B=runs/S0 [A_STEP=N B_STEP=N] [OUT=dir]" >&2; exit 2; }

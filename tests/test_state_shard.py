@@ -1,8 +1,10 @@
+import errno
 import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,7 +15,9 @@ import numpy as np
 import pytest
 import torch
 
+from trainer import state_shard
 from trainer.state_shard import (
+    DiskFullError,
     StateError,
     capture_rng_state,
     latest_state,
@@ -278,3 +282,69 @@ def test_rng_state_round_trips_through_json():
     assert draws() != first  # the generators moved on
     restore_rng_state(state)
     assert draws() == first
+
+
+# --- failed and interrupted saves (issue 15, item 7) ----------------------------------------------------
+def tree_bytes(root: Path) -> dict:
+    return {p: p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def test_disk_full_up_front_names_path_and_bytes_and_writes_nothing(tmp_path, monkeypatch):
+    saved(tmp_path, "state001")
+    before = tree_bytes(tmp_path)
+    monkeypatch.setattr(
+        "trainer.state_shard.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 100, 100)
+    )
+    with pytest.raises(
+        DiskFullError, match=r"state002: not saved, disk full: needs [\d,]+ bytes, 100 free in "
+    ):
+        saved(tmp_path, "state002")
+    assert tree_bytes(tmp_path) == before
+
+
+def test_disk_full_mid_save_removes_the_partial_state(tmp_path, monkeypatch):
+    saved(tmp_path, "state001")
+    before = tree_bytes(tmp_path)
+    write_shard, calls = state_shard._write_shard, []
+
+    def filling(path, tensors):  # the third shard hits a full disk halfway
+        calls.append(path)
+        if len(calls) == 3:
+            path.write_bytes(b"\0" * 100)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_shard(path, tensors)
+
+    monkeypatch.setattr(state_shard, "_write_shard", filling)
+    with pytest.raises(DiskFullError, match=r"state002: not saved, disk full: needs [\d,]+ bytes") as e:
+        saved(tmp_path, "state002")
+    assert e.value.errno == errno.ENOSPC
+    assert tree_bytes(tmp_path) == before  # no .state002.tmp-* keeping the disk full, state001 untouched
+
+
+def test_interrupted_saves_are_removed_or_put_back(tmp_path):
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    pid = int(dead.stdout)  # a process that has exited
+    saved(tmp_path, "state001")
+    saved(tmp_path, "state004")
+    shutil.move(tmp_path / "state004", tmp_path / f".state004.old-{pid}")  # killed between the two renames
+    for name in (
+        f".state002.tmp-{pid}",
+        f".step002.tmp-{pid}",
+        f".state001.old-{pid}",
+        f".step003.tmp-{os.getppid()}",
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "x").write_text("partial")
+    removed = state_shard.remove_interrupted_saves(tmp_path)
+    assert sorted(p.name for p in removed) == sorted(
+        [f".state002.tmp-{pid}", f".step002.tmp-{pid}", f".state001.old-{pid}"]
+    )
+    # the live parent's save is left alone; the replaced state004 is back in place, complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".step003.tmp-{os.getppid()}",
+        "state001",
+        "state004",
+    ]
+    verify_state(tmp_path / "state004")

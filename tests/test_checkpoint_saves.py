@@ -1,0 +1,73 @@
+"""stepNNN/ saves (issue 15, item 7): installed like a state, a full disk named with path and bytes, and a
+failed save leaves no temp dir and the previous checkpoint untouched."""
+
+import errno
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from trainer.checkpoint import save_weights
+from trainer.state_shard import DiskFullError
+
+
+class Tokenizer:
+    def save_pretrained(self, path):
+        (Path(path) / "tokenizer.json").write_text("{}")
+
+
+@pytest.fixture
+def trainer():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1)  # fmt: skip
+    model = LlamaForCausalLM(config)
+    accelerator = SimpleNamespace(
+        unwrap_model=lambda m: m, get_state_dict=lambda m: m.state_dict(), is_main_process=True
+    )
+    return SimpleNamespace(accelerator=accelerator, model=model, processing_class=Tokenizer())
+
+
+def tree_bytes(root: Path) -> dict:
+    return {p: p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+def test_save_replaces_an_existing_checkpoint_only_when_complete(trainer, tmp_path):
+    target = tmp_path / "step002"
+    save_weights(trainer, target)
+    first = (target / "model.safetensors").read_bytes()
+    with torch.no_grad():
+        trainer.model.lm_head.weight.add_(1.0)
+    save_weights(trainer, target)
+    assert (target / "model.safetensors").read_bytes() != first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step002"]  # no temp or old dir left
+
+
+def test_disk_full_is_named_before_writing(trainer, tmp_path, monkeypatch):
+    save_weights(trainer, tmp_path / "step001")
+    before = tree_bytes(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 10, 10))
+    with pytest.raises(
+        DiskFullError, match=r"step002: not saved, disk full: needs [\d,]+ bytes, 10 free in "
+    ):
+        save_weights(trainer, tmp_path / "step002")
+    assert tree_bytes(tmp_path) == before
+
+
+def test_disk_full_mid_save_leaves_no_partial_checkpoint(trainer, tmp_path, monkeypatch):
+    save_weights(trainer, tmp_path / "step002")
+    before = tree_bytes(tmp_path)
+
+    def filling(path, **kwargs):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (Path(path) / "model.safetensors").write_bytes(b"\0" * 64)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer.model, "save_pretrained", filling)
+    with pytest.raises(DiskFullError, match=r"step002: not saved, disk full: needs [\d,]+ bytes") as e:
+        save_weights(trainer, tmp_path / "step002")
+    assert e.value.errno == errno.ENOSPC
+    assert tree_bytes(tmp_path) == before  # the previous step002/ untouched, no .step002.tmp-* left

@@ -43,6 +43,13 @@ class CapGRPOConfig(GRPOConfig):
     grader_workers: int = field(default=2, metadata={"help": "Grader worker processes."})
     grader_timeout_s: float = field(default=10.0, metadata={"help": "Per-item grading timeout."})
     grader_memory_mb: int = field(default=2048, metadata={"help": "Address-space limit per grader worker."})
+    grader: str = field(
+        default="v1",
+        metadata={
+            "help": "Grader: v1 (the seed's: math-verify) or v2 (rewards/v2.py).",
+            "choices": ["v1", "v2"],
+        },
+    )
     # --- evaluation (SPEC §5) ----------------------------------------------------------------------
     eval_every: int = field(
         default=10,
@@ -181,7 +188,9 @@ RESUME_MAY_CHANGE = frozenset(
      "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
      "hub_revision", "log_completions_hub_repo"}
 )  # fmt: skip
-RESUME_ONLY = frozenset({"resume", "resume_fallback"})
+RESUME_ONLY = frozenset(
+    {"resume", "resume_fallback", "output_dir"}
+)  # output_dir: validate() ties it to resume
 
 
 def resume_changes(old: dict, new: dict) -> tuple[dict, dict]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import hashlib
 import importlib.util
 import json
@@ -37,7 +38,7 @@ from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
-from rewards.outcome import Outcome  # noqa: E402
+from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
 from trainer import sharding  # noqa: E402
 
 ROW_FIELDS = tuple(
@@ -517,7 +518,9 @@ def main(argv: list[str] | None = None) -> int:
                 eos = eos_token_ids(tokenizer, _generation_config(path))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
-            rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos)
+            grader = grader_name(run.get("grader_version", GRADER_VERSION))  # the run's own grader
+            grade_fn = functools.partial(grade_batch, grader=grader)
+            rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
             cap_suffix = spec.cap if spec.cap != run_spec.cap else None
             out = write_eval(args.run_dir, step, rows, cap_suffix)
             summary = ", ".join(f"{s} {v['accuracy']} (n={v['n']})" for s, v in summarize(rows).items())

@@ -9,7 +9,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from data.atomic import write_atomic
-from rewards.outcome import GRADER_VERSION
+from rewards.outcome import grader_version
 
 VERSIONED = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "capgrpo")
 
@@ -38,7 +38,7 @@ def write_run_json(
         "gate": arm.policy.gate,
         "groups_per_step": args.groups_per_step,
         "num_generations": args.num_generations,
-        "grader_version": GRADER_VERSION,
+        "grader_version": grader_version(args.grader),
         "snapshot": snapshot,
         "base_model": base_model,
         "architecture": architecture,
@@ -133,7 +133,7 @@ class StepsLog(TrainerCallback):
             "learning_rate": logs.get("learning_rate"),
             "grad_norm": logs.get("grad_norm"),
             **trainer.step_record,
-            "logprob_median": trainer.pop_logprob_median(),
+            **trainer.pop_logprob_stats(),
             "entropy_mean": logs.get("entropy"),
         }
         ev = self.eval_callback

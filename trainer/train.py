@@ -154,7 +154,10 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
             run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
         )
     grader = GraderPool(
-        workers=args.grader_workers, timeout_s=args.grader_timeout_s, memory_mb=args.grader_memory_mb
+        workers=args.grader_workers,
+        timeout_s=args.grader_timeout_s,
+        memory_mb=args.grader_memory_mb,
+        grader=args.grader,
     )
     trainer = CapGRPOTrainer(
         model,

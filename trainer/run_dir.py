@@ -133,7 +133,7 @@ class StepsLog(TrainerCallback):
             "learning_rate": logs.get("learning_rate"),
             "grad_norm": logs.get("grad_norm"),
             **trainer.step_record,
-            **trainer.pop_logprob_stats(),
+            "logprob_median": trainer.pop_logprob_median(),
             "entropy_mean": logs.get("entropy"),
         }
         ev = self.eval_callback

@@ -13,26 +13,21 @@ REPO = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def tiny_base() -> Path:
-    """The embedded base model, `artifacts/base`, exactly as `make base` builds it (and only built when it is
-    missing or stale, so `make test` and `make train` share one build). Treat it as read-only.
+    """The embedded base model shipped in the repo (`embedded/base`), the one `make train` uses: every slow
+    test shares it and none builds a model. Treat it as read-only.
 
-    Slow tests need the real warm start: with a shorter one no group qualifies and training never moves."""
-    from trainer.tiny_base import EMBEDDED_BASE, BuildConfig, is_complete, main
+    Slow tests need the real warm start: GRPO only moves a model that answers some problems."""
+    from trainer.tiny_base import SHIPPED_BASE, BuildConfig, is_complete
 
-    built = REPO / EMBEDDED_BASE
-    if not is_complete(built, BuildConfig(seed=0)):
-        cwd = Path.cwd()
-        os.chdir(REPO)  # `make base`'s relative default paths
-        try:
-            main([])
-        finally:
-            os.chdir(cwd)
-    return built
+    shipped = REPO / SHIPPED_BASE
+    assert is_complete(shipped, BuildConfig()), f"{shipped}: not a complete build of the default BuildConfig"
+    return shipped
 
 
 @pytest.fixture(scope="session")
 def embedded_snapshot(tmp_path_factory) -> Path:
-    """The embedded default's synthetic tasks, as a snapshot file."""
+    """The embedded default's synthetic tasks, as a snapshot file (written anew: tests/test_tiny_base.py
+    checks that it is byte for byte the shipped embedded/synthetic.tasks.json)."""
     from data.snapshot import write_snapshot
     from trainer.tiny_base import embedded_tasks
 

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +155,62 @@ def test_trl_grpo_trainer_loads_and_steps_with_the_saved_base(tiny_base, tmp_pat
     )
     assert type(trainer.model) is Qwen3_5ForConditionalGeneration
     assert trainer.train().global_step == 1
+
+
+def test_sft_pool_seeds_every_outcome_the_base_must_show():
+    """The warm-start styles give the base unboxed answers, re-check loops that outrun the cap, miscopied
+    answers and plain solutions, in about the configured shares, each graded as intended."""
+    from rewards.grader import grade
+    from trainer.tiny_base import EMBEDDED_CAP, RECHECK, sft_pool
+
+    cfg = BuildConfig(sft_pool_size=600)
+    pool = sft_pool(cfg, exclude_problems=set())
+    tok = build_tokenizer(BuildConfig(tokenizer_corpus_size=300))
+    styles = {"unboxed": 0, "slip": 0, "recheck": 0, "plain": 0}
+    over_cap = 0
+    for t in pool:
+        n_tokens = len(tok(t["solution"], add_special_tokens=False)["input_ids"]) + 1
+        truncated = n_tokens > EMBEDDED_CAP
+        text = tok.decode(tok(t["solution"])["input_ids"][:EMBEDDED_CAP]) if truncated else t["solution"]
+        outcome = grade(text, t["answer"], truncated=truncated).outcome
+        if "\\boxed" not in t["solution"]:
+            styles["unboxed"] += 1
+            assert outcome is Outcome.FORMAT_REJECTED, t
+        elif RECHECK in t["solution"]:
+            styles["recheck"] += 1
+            over_cap += truncated
+            assert outcome is (Outcome.TRUNCATED if truncated else Outcome.CORRECT), t
+        elif outcome is Outcome.WRONG:
+            styles["slip"] += 1
+        else:
+            styles["plain"] += 1
+            assert outcome is (Outcome.TRUNCATED if truncated else Outcome.CORRECT), t  # <1% run over
+    n = len(pool)
+    assert abs(styles["unboxed"] / n - cfg.unboxed_share) < 0.05, styles
+    assert abs(styles["slip"] / n - cfg.slip_share) < 0.05, styles
+    assert abs(styles["recheck"] / n - cfg.recheck_share) < 0.05, styles
+    assert 0.2 < over_cap / styles["recheck"] < 0.9, (over_cap, styles)  # some loops finish, some do not
+
+
+def test_shipped_snapshot_is_what_the_generator_writes(embedded_snapshot):
+    """embedded/synthetic.tasks.json (what the recipes read) is exactly the embedded snapshot rebuilt here."""
+    from trainer.tiny_base import SHIPPED_SNAPSHOT
+
+    shipped = Path(__file__).resolve().parent.parent / SHIPPED_SNAPSHOT
+    assert shipped.read_bytes() == embedded_snapshot.read_bytes(), shipped
+
+
+@pytest.mark.slow
+def test_shipped_base_answers_some_problems_and_fails_in_every_way(tiny_base):
+    """The shipped base is a real starting point for GRPO (issue targets, on a sample of held-out problems):
+    it answers a share of the problems, and is truncated, format-rejected and completed-wrong on others."""
+    from trainer.tiny_base import EMBEDDED_CAP, embedded_eval_sets, embedded_tasks
+
+    tok, model = _load(tiny_base)
+    tasks = embedded_tasks()
+    by_id = {t["id"]: t for t in tasks}
+    heldout = [by_id[i] for i in embedded_eval_sets(tasks).heldout[:40]]
+    report = evaluate_base(model, tok, heldout, cap=EMBEDDED_CAP, samples=4, seed=0)
+    share = {k: v / 160 for k, v in report["outcomes"].items()}
+    assert 0.25 <= report["pass@1"] <= 0.7, report
+    assert share["truncated"] >= 0.04 and share["format_rejected"] >= 0.04 and share["wrong"] >= 0.05, report

@@ -241,12 +241,15 @@ class CapGRPOTrainer(GRPOTrainer):
             for k, v in metrics.items():
                 self._metrics["train"][k].append(v)
 
-    def pop_logprob_median(self) -> float | None:
-        """Median log-prob of the sampled tokens under the current policy, over the step's active tokens."""
+    def pop_logprob_stats(self) -> dict[str, float | None]:
+        """Median and mean log-prob of the sampled tokens under the current policy, over the step's active
+        tokens. The mean is there for near-deterministic models (the embedded base), whose median is ~0."""
         local = torch.cat(self._step_logps) if self._step_logps else torch.empty(0)
         self._step_logps = []
         everything = torch.cat(gather_object([local]))
-        return everything.median().item() if everything.numel() else None
+        if not everything.numel():
+            return {"logprob_median": None, "logprob_mean": None}
+        return {"logprob_median": everything.median().item(), "logprob_mean": everything.mean().item()}
 
     # --- cards and the Hub: the run directory is the unit we publish (SPEC §8) ----------------------------
     def create_model_card(self, *args, **kwargs):

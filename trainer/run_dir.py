@@ -133,7 +133,7 @@ class StepsLog(TrainerCallback):
             "learning_rate": logs.get("learning_rate"),
             "grad_norm": logs.get("grad_norm"),
             **trainer.step_record,
-            "logprob_median": trainer.pop_logprob_median(),
+            **trainer.pop_logprob_stats(),
             "entropy_mean": logs.get("entropy"),
         }
         ev = self.eval_callback

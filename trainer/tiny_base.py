@@ -17,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import random
 import tempfile
 import time
 from contextlib import contextmanager
@@ -43,12 +44,18 @@ from data.prompt import SYSTEM_PROMPT, prompt_messages  # noqa: E402
 from data.synthetic import generate_tasks  # noqa: E402
 
 # --- embedded defaults (the trainer recipe reads these) ------------------------------------------
-EMBEDDED_CAP = 160  # completion tokens: ~40% of level-5 worked solutions do not fit, all of levels 1-3 do
+EMBEDDED_CAP = (
+    160  # completion tokens: every reference solution fits (but 0.8% at level 5), re-check loops often do not
+)
 EMBEDDED_SNAPSHOT_SEED = 0
-EMBEDDED_SNAPSHOT_SIZE = 600
-EMBEDDED_HELDOUT_SIZE = 64
-EMBEDDED_FIXED_SIZE = 16
+EMBEDDED_SNAPSHOT_SIZE = 1200
+EMBEDDED_HELDOUT_SIZE = 300
+EMBEDDED_FIXED_SIZE = 32
 EMBEDDED_EVAL_SETS_SEED = 0
+# The base `make train` uses is shipped in the repo (built on a GPU in 6 minutes; docs/embedded_default.md);
+# `make base` rebuilds an equivalent one on the CPU into artifacts/.
+SHIPPED_BASE = Path("embedded/base")
+SHIPPED_SNAPSHOT = Path("embedded/synthetic.tasks.json")
 EMBEDDED_SNAPSHOT = Path("artifacts/synthetic.tasks.json")
 EMBEDDED_BASE = Path("artifacts/base")
 
@@ -83,17 +90,23 @@ class BuildConfig:
     vocab_size: int = 1024
     tokenizer_corpus_size: int = 3000
     tokenizer_corpus_seed: int = 1001
-    hidden_size: int = 128
-    intermediate_size: int = 384
+    hidden_size: int = 256
+    intermediate_size: int = 768
     # one gated-delta-net layer keeps the hybrid path; on CPU its torch fallback costs several full layers
     layer_types: tuple[str, ...] = ("linear_attention", "full_attention", "full_attention", "full_attention")
     sft_pool_seed: int = 2002
-    sft_pool_size: int = 4000
-    sft_levels: tuple[int, ...] = (1, 1, 1, 2, 2, 2, 3, 4, 5)  # weighted toward the short, easy levels
-    sft_steps: int = 300
-    sft_batch_size: int = 16
-    sft_learning_rate: float = 6e-3
-    unboxed_every: int = 8  # every 8th warm-start solution ends without \\boxed{} (see sft_pool)
+    sft_pool_size: int = 30000
+    sft_levels: tuple[int, ...] = (1, 2, 3, 4, 5)
+    sft_steps: int = 3000
+    sft_batch_size: int = 64
+    sft_learning_rate: float = 2e-3
+    sft_max_length: int = 384  # prompt + solution: long re-checks are cut (they run past the cap anyway)
+    # Behaviour seeded into the warm-start solutions (see sft_pool): the base, like a real one, sometimes
+    # misses the answer format, re-checks until it runs out of tokens, or miscopies its final answer.
+    unboxed_share: float = 0.15
+    recheck_share: float = 0.3
+    recheck_continue: float = 0.5
+    slip_share: float = 0.1
     snapshot_seed: int = EMBEDDED_SNAPSHOT_SEED
     snapshot_size: int = EMBEDDED_SNAPSHOT_SIZE
 
@@ -109,7 +122,7 @@ def build_tokenizer(cfg: BuildConfig) -> PreTrainedTokenizerFast:
     pipeline (NFC, Qwen's split regex with one digit per token, byte level) around the saved vocab and
     merges; training under the same pipeline makes the saved tokenizer encode exactly like this one.
     """
-    corpus = [SYSTEM_PROMPT] * 200  # weighted so that the prompt every example carries encodes short
+    corpus = [SYSTEM_PROMPT, RECHECK] * 200  # weighted so that text every example may carry encodes short
     for t in generate_tasks(cfg.tokenizer_corpus_size, cfg.tokenizer_corpus_seed):
         corpus += [t["problem"], t["solution"]]
     qwen = Qwen3_5Tokenizer().backend_tokenizer
@@ -211,21 +224,51 @@ def sampling_config(eos_token_id, pad_token_id: int) -> GenerationConfig:
 
 
 # --- SFT warm start ------------------------------------------------------------------------------
+RECHECK = "Let me check that again."
+
+
 def sft_pool(cfg: BuildConfig, exclude_problems: set[str]) -> list[dict]:
     """Worked solutions for the warm start: a separate seed, never a problem of the embedded snapshot.
 
-    A share of the solutions ends in a bare "The answer is X." instead of a \\boxed{}, so that the warm
-    base, like a real base model, sometimes misses the format and GRPO has format failures to fix.
+    Each solution is written in one of four styles, drawn with the pool's seed, so that the base has every
+    outcome GRPO has to deal with (docs/embedded_default.md):
+    - unboxed (`unboxed_share`): ends in a bare "The answer is X." -> format_rejected;
+    - re-check (`recheck_share`): the steps are repeated after "Let me check that again." 1 + k times,
+      k geometric with `recheck_continue`; at the embedded cap the longer loops never reach the answer
+      -> truncated, the shorter ones finish and can be correct;
+    - slip (`slip_share`): the boxed final answer is miscopied by one -> completed wrong;
+    - plain: the reference solution.
     """
+    rng = random.Random(f"capgrpo-sft-styles-{cfg.sft_pool_seed}")
     tasks = [
         t
         for t in generate_tasks(cfg.sft_pool_size, cfg.sft_pool_seed, cfg.sft_levels)
         if t["problem"] not in exclude_problems
     ]
-    for i, t in enumerate(tasks):
-        if i % cfg.unboxed_every == 0:
-            t["solution"] = t["solution"].replace(f"$\\boxed{{{t['answer']}}}$", t["answer"])
+    for t in tasks:
+        *body, last = t["solution"].split("\n")
+        u = rng.random()
+        if u < cfg.unboxed_share:
+            last = f"The answer is {t['answer']}."
+        elif u < cfg.unboxed_share + cfg.slip_share:
+            last = f"The answer is $\\boxed{{{_miscopy(t['answer'])}}}$."
+        elif u < cfg.unboxed_share + cfg.slip_share + cfg.recheck_share:
+            repeats = 1
+            while repeats < 6 and rng.random() < cfg.recheck_continue:
+                repeats += 1
+            steps = [line for line in body if not line.startswith("We ")]
+            body = body + [RECHECK, *steps] * repeats
+        t["solution"] = "\n".join([*body, last])
     return tasks
+
+
+def _miscopy(answer: str) -> str:
+    """The answer off by one (in the numerator for a fraction): a completed but wrong final answer."""
+    if "\\frac" in answer:
+        sign, rest = ("-", answer[1:]) if answer.startswith("-") else ("", answer)
+        num, den = rest.removeprefix("\\frac{").removesuffix("}").split("}{")
+        return f"{sign}\\frac{{{int(num) + 1}}}{{{den}}}"
+    return str(int(answer) + 1)
 
 
 def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: Path) -> dict:
@@ -247,11 +290,11 @@ def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: 
         lr_scheduler_type="cosine",
         warmup_steps=max(1, cfg.sft_steps // 20),
         weight_decay=0.0,
-        max_length=256,  # prompt + solution; longer references are cut (they are over the cap anyway)
+        max_length=cfg.sft_max_length,
         completion_only_loss=True,
         seed=cfg.seed,
         data_seed=cfg.seed,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # same recipe on CPU (`make base`) and GPU (the shipped base)
         bf16=False,
         save_strategy="no",
         report_to="none",
@@ -272,7 +315,7 @@ def sample_completions(model, tokenizer, problems: list[str], *, cap: int, sampl
         tokenizer.apply_chat_template(prompt_messages(p), tokenize=False, add_generation_prompt=True)
         for p in problems
     ]
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
     torch.manual_seed(seed)
     model.eval()
     with torch.no_grad():
@@ -404,6 +447,7 @@ def build_base(
         "config_hash": cfg.digest(),
         "config": asdict(cfg),
         "architecture": ARCHITECTURE,
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
     }
     if snapshot is not None:
         manifest["snapshot"] = {"path": str(snapshot), "sha256": write_snapshot(tasks, snapshot)}
@@ -443,6 +487,18 @@ def _print_report(report: dict) -> None:
     print("  references in cap  " + "  ".join(f"L{k} {v:.2f}" for k, v in fit.items()) + "  (whole snapshot)")
 
 
+def _overrides(pairs: list[str]) -> dict:
+    fields = BuildConfig.__dataclass_fields__
+    out = {}
+    for pair in pairs:
+        name, _, value = pair.partition("=")
+        if name not in fields:
+            raise SystemExit(f"error: --set {pair!r}: BuildConfig has no field {name!r}")
+        value = json.loads(value)
+        out[name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         description="Build the embedded tiny base model (see docs/embedded_default.md)"
@@ -453,13 +509,20 @@ def main(argv: list[str] | None = None) -> None:
         "--snapshot", default=str(EMBEDDED_SNAPSHOT), help="where to write the embedded task snapshot"
     )
     ap.add_argument("--sft-steps", type=int, default=BuildConfig.sft_steps)
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=JSON",
+        help="override a BuildConfig field, e.g. --set hidden_size=192 (recorded in the manifest)",
+    )
     ap.add_argument("--eval-problems", type=int, default=EMBEDDED_HELDOUT_SIZE, help="0 skips the report")
     args = ap.parse_args(argv)
     datasets.disable_progress_bars()
     t0 = time.perf_counter()
     manifest = build_base(
         args.out,
-        BuildConfig(seed=args.seed, sft_steps=args.sft_steps),
+        BuildConfig(seed=args.seed, sft_steps=args.sft_steps, **_overrides(args.set)),
         snapshot=args.snapshot,
         eval_problems=args.eval_problems,
     )

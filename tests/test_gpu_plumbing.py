@@ -246,11 +246,12 @@ def test_recipe_asking_for_vllm_falls_back_without_it(monkeypatch):
     assert not args.use_vllm
 
 
-@pytest.mark.parametrize("extra", [[], ["--eval_every", "0", "--resume", "runs/x"]])
+@pytest.mark.parametrize("extra", [[], ["--eval_every", "0", "--resume", "{run}"]])
 def test_deepspeed_launch_refuses_eval_and_resume(extra, monkeypatch, tmp_path):
     """ZeRO-3 partitions what in-training evaluation and stateNNN/ need whole: refused up front, by name."""
     from trainer import train
 
+    extra = [x.format(run=tmp_path / "run") for x in extra]  # a resume continues output_dir in place
     argv = ["--config", str(REPO / "configs/embedded/S2.yaml"), "--output_dir", str(tmp_path / "run"), *extra]
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
     monkeypatch.setenv(

@@ -206,18 +206,22 @@ def is_verified(state: Path) -> bool:
 
 
 def prune_states(run_dir: Path, keep: int) -> list[Path]:
-    """Keep the newest `keep` verified states (0: all); delete older verified ones, and broken ones older
-    than the newest verified (each named in a warning). A broken state is never kept in place of a good one."""
-    states = state_dirs(run_dir)
-    verified = [d for d in states if is_verified(d)]
-    if keep <= 0 or not verified:
+    """Keep the newest `keep` verified states (0: all); delete the states older than those, and broken ones
+    older than the newest verified (named in a warning). A broken state is never kept in place of a good
+    one; broken states newer than every verified one are left for resume to name."""
+    if keep <= 0:
         return []
-    kept = verified[-keep:]
-    newest = _number(verified[-1])
-    doomed = [d for d in states if d not in kept and (d in verified or _number(d) < newest)]
+    kept: list[Path] = []
+    doomed: list[Path] = []
+    for d in reversed(state_dirs(run_dir)):
+        if len(kept) == keep:
+            doomed.append(d)  # past the window, verified or not: not hashed just to be deleted
+        elif is_verified(d):
+            kept.append(d)
+        elif kept:
+            logger.warning("removing %s: not a complete, verified state (superseded by %s)", d, kept[0])
+            doomed.append(d)
     for d in doomed:
-        if d not in verified:
-            logger.warning("removing %s: not a complete, verified state (superseded by %s)", d, verified[-1])
         shutil.rmtree(d)
     return doomed
 

@@ -59,14 +59,7 @@ def load_base_model(path: str, dtype: str | None = None):
 
 
 def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
-    """Paths and launch checks that need no file written and no model loaded."""
-    if not args.snapshot_path:
-        raise ConfigError("snapshot_path: required (a *.tasks.json task snapshot)")
-    if not Path(args.snapshot_path).is_file():
-        raise ConfigError(f"snapshot_path: {args.snapshot_path}: no such file")
-    model = str(model_args.model_name_or_path or "")
-    if not Path(model).exists() and (model.startswith((".", "/", "~")) or model.count("/") != 1):
-        raise ConfigError(f"model_name_or_path: {model!r}: no such directory (and not a Hub id)")
+    """Launch and path checks that need no file written and no model loaded."""
     # ZeRO-3 partitions weights and optimizer state in DeepSpeed's own layout (FSDP2 is gathered instead);
     # `accelerate launch` announces DeepSpeed in this variable.
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
@@ -75,6 +68,13 @@ def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
             "eval_every/resume: under DeepSpeed set eval_every: 0 (evaluate checkpoints with `make eval`) and "
             "do not --resume: in-training evaluation and exact resume need 1 process, DDP or FSDP2 (docs/gpu.md)"
         )
+    if not args.snapshot_path:
+        raise ConfigError("snapshot_path: required (a *.tasks.json task snapshot)")
+    if not Path(args.snapshot_path).is_file():
+        raise ConfigError(f"snapshot_path: {args.snapshot_path}: no such file")
+    model = str(model_args.model_name_or_path or "")
+    if not Path(model).exists() and (model.startswith((".", "/", "~")) or model.count("/") != 1):
+        raise ConfigError(f"model_name_or_path: {model!r}: no such directory (and not a Hub id)")
 
 
 def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, snapshot: dict) -> dict:

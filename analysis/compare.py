@@ -287,15 +287,16 @@ class Side:
 
     @property
     def eval_steps(self) -> list[int]:
-        """Steps evaluated in every run of the arm."""
-        return sorted(set.intersection(*(set(r.eval_files) for r in self.runs)))
+        return common_steps(self.runs)
 
     def title(self) -> str:
         k = len(self.runs)
         return f"{self.label}: {self.arm} step {self.step}" + (f" ({k} seeds)" if k > 1 else "")
 
-    def tables(self, step: int | None = None) -> list[Table]:
-        return [r.table(self.step if step is None else step) for r in self.runs]
+
+def common_steps(runs: list[Run]) -> list[int]:
+    """Steps evaluated in every one of the runs."""
+    return sorted(set.intersection(*(set(r.eval_files) for r in runs)))
 
 
 def load_side(label: str, spec, step: int | None) -> Side:
@@ -318,15 +319,14 @@ def load_side(label: str, spec, step: int | None) -> Side:
             by_seed[r.seed] = r
         runs = [by_seed[s] for s in sorted(by_seed)]
     if step is None:
-        common = set.intersection(*(set(r.eval_files) for r in runs))
-        if not common:
+        if not (common := common_steps(runs)):
             raise CompareError(
                 f"{label}: no step is evaluated in every run ({', '.join(str(r.path) for r in runs)})"
             )
-        step = max(common)
-    side = Side(label, runs, step)
-    side.tables()  # validates the compared step of every run now, naming the run that lacks it
-    return side
+        step = common[-1]
+    for r in runs:
+        r.table(step)  # validates the compared step of every run now, naming the run that lacks it
+    return Side(label, runs, step)
 
 
 def pair_seeds(a: Side, b: Side) -> list[tuple[Run, Run]]:
@@ -518,7 +518,7 @@ def peak_decline(
     runs = [runs] if isinstance(runs, Run) else list(runs)
     for r in runs:
         r.table(step)  # refuses, naming the run, when the step was not evaluated
-    steps = [s for s in sorted(set.intersection(*(set(r.eval_files) for r in runs))) if s <= step]
+    steps = [s for s in common_steps(runs) if s <= step]
     index = {t: i for i, t in enumerate(runs[0].meta["eval_sets"][name])}
     correct, graded = np.zeros((len(index), len(steps))), np.zeros((len(index), len(steps)))
     for r in runs:
@@ -631,9 +631,10 @@ class Comparison:
                 running, source = min(1.0, (len(ps) - rank) * ps[i]), i
             _, p, method, m, tails = fam[source]
             at_floor = (floor := p_floor(method, m, tails)) is not None and p <= floor * (1 + 1e-9)
-            cells[fam[i][0]] = (
-                f"< {adjusted[i]:.1g}" if at_floor and adjusted[i] < 1 else f"{adjusted[i]:.4g}"
-            )
+            if at_floor and adjusted[i] < 1:
+                cells[fam[i][0]] = f"< {adjusted[i]:.1g}"
+            else:  # as many digits as the p-value it rests on carries
+                cells[fam[i][0]] = f"{adjusted[i]:.4g}" if method == "exact" else f"{adjusted[i]:.2g}"
         return cells
 
     def spread(self) -> dict[str, SeedSpread]:

@@ -66,7 +66,7 @@ class BatchReport:
     """What one `grade_batch` cost and where the grader failed; `to_log()` gives flat trainer-log keys."""
 
     items: int = 0
-    sent: int = 0  # items a worker answered
+    sent: int = 0  # items sent to a worker
     indeterminate: int = 0
     timeouts: int = 0  # CPU limit in the worker, or killed by the parent's CPU or wall backstop
     resource_failures: int = 0  # MemoryError or RecursionError while grading
@@ -78,6 +78,7 @@ class BatchReport:
     recycled: int = 0  # workers retired after recycle_after items or after a timeout / failure
     seconds: float = 0.0  # wall time of the batch
     seconds_lost: float = 0.0  # wall time workers spent on items that then timed out or hit the deadline
+    cpu_seconds: float = 0.0  # CPU time workers spent on the finished items (what batch_cpu_s bounds)
 
     def to_log(self, prefix: str = "grader/") -> dict[str, float]:
         return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
@@ -304,8 +305,10 @@ class GraderPool:
     - `timeout_s`: CPU seconds per item (the verdict-deciding limit; machine load does not change it).
     - `wall_timeout_s`: wall-clock backstop per item (default 2 × timeout_s + 1): the longest one item
       can hold a worker, whatever it does.
-    - `batch_timeout_s`: wall-clock deadline of one `grade_batch`; items not graded by then are
-      indeterminate and counted in `last_report.deadline` (None: no deadline).
+    - `batch_cpu_s`: CPU seconds the workers may spend on one `grade_batch` (a flood of slow items
+      stops there; ordinary items cost milliseconds); `batch_timeout_s`: a wall-clock deadline of one
+      `grade_batch`, a last resort for a stalled machine. Items not graded by either are indeterminate
+      and counted in `last_report.deadline` (None: no such limit).
     - `max_completion_chars`: longer completions are indeterminate without being sent anywhere;
       `max_answer_chars`: a longer last box is indeterminate without being parsed.
     - `recycle_after`: a worker is replaced after this many items, and after any timeout, crash or
@@ -327,7 +330,8 @@ class GraderPool:
         *,
         grader: str = "v1",
         wall_timeout_s: float | None = None,
-        batch_timeout_s: float | None = 120.0,
+        batch_cpu_s: float | None = 120.0,
+        batch_timeout_s: float | None = 1800.0,
         max_completion_chars: int = 2_000_000,
         max_answer_chars: int = 2000,
         recycle_after: int = 1000,
@@ -340,8 +344,9 @@ class GraderPool:
                 f"timeout_s, got workers={workers}, timeout_s={timeout_s}, memory_mb={memory_mb}, "
                 f"wall_timeout_s={wall_timeout_s}"
             )
-        if batch_timeout_s is not None and batch_timeout_s <= 0:
-            raise ValueError(f"GraderPool batch_timeout_s must be > 0 or None, got {batch_timeout_s}")
+        for name, value in (("batch_cpu_s", batch_cpu_s), ("batch_timeout_s", batch_timeout_s)):
+            if value is not None and value <= 0:
+                raise ValueError(f"GraderPool {name} must be > 0 or None, got {value}")
         if min(max_completion_chars, max_answer_chars, recycle_after) < 1 or startup_timeout_s <= 0:
             raise ValueError(
                 "GraderPool max_completion_chars, max_answer_chars, recycle_after and startup_timeout_s "
@@ -361,11 +366,9 @@ class GraderPool:
             str(max_answer_chars),
             judge_name,
         ]
-        self._timeout_s, self._wall_timeout_s, self._batch_timeout_s = (
-            timeout_s,
-            wall_timeout_s,
-            batch_timeout_s,
-        )
+        self._timeout_s, self._wall_timeout_s = timeout_s, wall_timeout_s
+        self._batch_cpu_s = math.inf if batch_cpu_s is None else batch_cpu_s
+        self._batch_timeout_s = math.inf if batch_timeout_s is None else batch_timeout_s
         self._max_completion_chars, self._recycle_after = max_completion_chars, recycle_after
         self._startup_timeout_s = startup_timeout_s
         self.last_report = BatchReport()
@@ -496,11 +499,11 @@ class GraderPool:
 
     def _run(self, todo: deque[int], busy: dict, items, outcomes: list, answers: list, report, start) -> None:
         completions, references, truncated = items
-        deadline = math.inf if self._batch_timeout_s is None else start + self._batch_timeout_s
+        deadline = start + self._batch_timeout_s
         failed_start: set[int] = set()  # slots whose replacement did not come up during this batch
         while todo or busy:
             now = time.monotonic()
-            if now >= deadline:
+            if now >= deadline or report.cpu_seconds >= self._batch_cpu_s:
                 break
             for slot, worker in enumerate(self._workers):
                 if worker is None and slot not in failed_start:
@@ -526,6 +529,7 @@ class GraderPool:
                     report.crashes += 1
                     self._retire(slot, report)
                     continue
+                report.sent += 1
                 busy[worker.process.stdout] = slot
             starting = {
                 w.process.stdout: slot
@@ -554,7 +558,7 @@ class GraderPool:
                 elif self._on_answer(busy[stdout], outcomes, answers, report):
                     del busy[stdout]
             self._enforce_limits(busy, starting, outcomes, report, failed_start)
-        # The batch deadline: what is in flight or still waiting is not graded.
+        # The batch's CPU budget or deadline: what is in flight or still waiting is not graded.
         now = time.monotonic()
         for stdout, slot in list(busy.items()):
             worker = self._workers[slot]
@@ -601,8 +605,8 @@ class GraderPool:
                 return False
         except (OSError, ValueError, TypeError, EOFError):  # died: segfault, os._exit, the OOM killer
             outcomes[i], cause = Outcome.INDETERMINATE, "crash"
-        report.sent += 1
         worker.items_done += 1
+        report.cpu_seconds += max(0.0, worker.cpu_seconds() - worker.cpu_at_send)
         if cause == "timeout":
             report.timeouts += 1
             report.seconds_lost += time.monotonic() - worker.sent_at
@@ -631,6 +635,7 @@ class GraderPool:
                 outcomes[worker.item] = Outcome.INDETERMINATE
                 report.timeouts += 1
                 report.seconds_lost += elapsed
+                report.cpu_seconds += max(0.0, worker.cpu_seconds() - worker.cpu_at_send)
                 self._retire(slot, report)
         for slot in starting.values():
             worker = self._workers[slot]

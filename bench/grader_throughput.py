@@ -1,93 +1,131 @@
-"""Grader throughput on MATH500-style completions, and worst-case latency on hostile ones.
+"""Grader throughput on the 500 MATH500 answers, against plain math-verify, and latency on hostile text.
 
     .venv/bin/python bench/grader_throughput.py [--data ../shared/data/math500.jsonl] [--timeout 5]
 
-Completions are built from the MATH500 solutions: the solution itself (its last box is the reference:
-correct), the solution with its last box swapped for the next problem's answer (mostly wrong), and the
-solution with every \\boxed removed (format_rejected). Prints items/s for in-process grading and for the
-pool with 1 and 2 workers, then each hostile completion's latency through a 2-worker pool.
+Every item reaches math-verify: "self" grades each reference answer, boxed in a one-line completion,
+against itself (all correct); "swapped" grades the next problem's answer against it (all but a few
+wrong). Each is timed cold (a fresh pool, or for plain math-verify the first pass in this process)
+and warm (the same pool or process again). Plain is `math_verify.verify(parse(gold), parse(answer))`
+with math-verify's defaults, in this process: no isolation, no limits. Then each hostile completion
+alone through a warm 2-worker pool with the default wall-clock backstop (2 x timeout + 1 s).
 """
 
 import argparse
 import json
+import os
 import platform
 import time
 from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 
-from rewards.boxed import last_boxed
+import math_verify
+
 from rewards.grader import GraderPool, grade
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def math500_completions(path: Path) -> tuple[list[str], list[str]]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    completions, references = [], []
-    for i, row in enumerate(rows):
-        solution, answer = row["solution"], row["answer"]
-        box = "\\boxed{" + (last_boxed(solution) or "") + "}"
-        wrong = rows[(i + 1) % len(rows)]["answer"]
-        head, _, tail = solution.rpartition(box)
-        completions += [solution, head + "\\boxed{" + wrong + "}" + tail, solution.replace("\\boxed", "")]
-        references += [answer] * 3
-    return completions, references
+def math500_items(path: Path) -> dict[str, tuple[list[str], list[str]]]:
+    answers = [json.loads(line)["answer"] for line in path.read_text().splitlines()]
+    swapped = [answers[(i + 1) % len(answers)] for i in range(len(answers))]
+    return {"self": (answers, answers), "swapped": (swapped, answers)}
+
+
+def _completion(answer: str) -> str:
+    return f"So the final answer is $\\boxed{{{answer}}}$."
 
 
 def hostile_completions() -> dict[str, str]:
     shell = "__import__('os').system('touch /tmp/capgrpo-bench-pwned')"
     return {
-        "5 MB of text": "blah { \\frac{1}{2} " * 250_000 + "\\boxed{1}",
-        "5000 nested braces": "\\boxed{" + "{" * 5000 + "1" + "}" * 5000 + "}",
-        "3000 nested fractions": "\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3000 + "}",
-        "tower 9^9^9^9^9": "\\boxed{9^9^9^9^9}",
-        "tower 9^{9^{9^{9^{9}}}}": "\\boxed{9^{9^{9^{9^{9}}}}}",
+        "1.9 MB of text, box at the end": "blah { \\frac{1}{2} " * 100_000 + "\\boxed{1}",
+        "50 MB of text": "blah { " * 7_500_000 + "\\boxed{1}",
+        "10 MB box": "\\boxed{" + "1+" * 5_000_000 + "1}",
+        "900 nested braces": "\\boxed{" + "{" * 900 + "1" + "}" * 900 + "}",
+        "200 nested fractions": "\\boxed{" + "\\frac{1}{" * 200 + "2" + "}" * 200 + "}",
+        "9^9^9^9^9": "\\boxed{9^9^9^9^9}",
+        "9^{9^{9^{9^{9}}}}": "\\boxed{9^{9^{9^{9^{9}}}}}",
         "10^{10^{10}}": "\\boxed{10^{10^{10}}}",
-        "1+1+...+1 (100k terms)": "\\boxed{" + "1+" * 100_000 + "1}",
+        "2^{2^{32}} (512 MB integer)": "\\boxed{2^{2^{32}}}",
+        "1+1+...+1 (900 terms)": "\\boxed{" + "1+" * 900 + "1}",
         "NUL bytes": "\x00\\boxed{1\x002}\x00",
         "python in the box": f"\\boxed{{{shell}}}",
     }
 
 
-def throughput(label: str, fn, completions, references) -> None:
-    start = time.perf_counter()
-    grades = fn(completions, references, [False] * len(completions))
-    seconds = time.perf_counter() - start
-    mix = Counter(g.outcome.value for g in grades)
-    print(f"{label:28} {len(grades) / seconds:8.1f} items/s  ({len(grades)} in {seconds:.1f} s)  {dict(mix)}")
+def _line(label: str, n: int, seconds: float, mix: Counter) -> None:
+    print(f"  {label:34} {n / seconds:8.1f} items/s  ({n} in {seconds:5.2f} s)  {dict(sorted(mix.items()))}")
+
+
+def plain(pairs: tuple[list[str], list[str]]) -> Counter:
+    mix = Counter()
+    for answer, reference in zip(*pairs):
+        mix[
+            math_verify.verify(
+                math_verify.parse(_completion(reference)), math_verify.parse(_completion(answer))
+            )
+        ] += 1
+    return mix
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "math500.jsonl")
-    parser.add_argument("--timeout", type=float, default=5.0, help="per-item timeout of the pools (s)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="per-item CPU timeout of the pools (s)")
+    parser.add_argument("--skip-hostile", action="store_true")
     args = parser.parse_args()
     print(
-        f"{platform.node()}  {platform.processor() or platform.machine()}  python {platform.python_version()}"
+        f"{platform.node()}  {platform.processor() or platform.machine()}  {os.cpu_count()} CPUs  "
+        f"python {platform.python_version()}  math-verify {version('math-verify')}"
     )
-    completions, references = math500_completions(args.data)
+    print(f"load average at start: {os.getloadavg()}")
+    sets = math500_items(args.data)
 
-    def in_process(completions, references, truncated):
-        return [grade(*item) for item in zip(completions, references, truncated)]
+    for name, (answers, references) in sets.items():
+        print(f"{name}: {len(answers)} MATH500 answers, every one judged by math-verify")
+        for run in ("cold", "warm"):
+            start = time.perf_counter()
+            mix = plain((answers, references))
+            _line(f"plain math_verify.verify, {run}", len(answers), time.perf_counter() - start, mix)
+        for run in ("cold", "warm"):
+            start = time.perf_counter()
+            grades = [grade(_completion(a), r, False) for a, r in zip(answers, references)]
+            seconds = time.perf_counter() - start
+            _line(
+                f"in-process grade(), {run}", len(answers), seconds, Counter(g.outcome.value for g in grades)
+            )
+        for workers in (1, 2):
+            start = time.perf_counter()
+            with GraderPool(workers=workers, timeout_s=args.timeout) as pool:
+                print(f"  pool start, {workers} worker(s): {time.perf_counter() - start:.2f} s")
+                for run in ("cold", "warm"):
+                    start = time.perf_counter()
+                    grades = pool.grade_batch(
+                        [_completion(a) for a in answers], references, [False] * len(answers)
+                    )
+                    seconds = time.perf_counter() - start
+                    mix = Counter(g.outcome.value for g in grades)
+                    _line(f"GraderPool({workers} workers), {run}", len(answers), seconds, mix)
+    print(f"load average after throughput: {os.getloadavg()}")
+    if args.skip_hostile:
+        return
 
-    throughput("in-process", in_process, completions, references)
-    for workers in (1, 2):
-        start = time.perf_counter()
-        with GraderPool(workers=workers, timeout_s=args.timeout) as pool:
-            print(f"pool start, {workers} worker(s): {time.perf_counter() - start:.1f} s")
-            throughput(f"pool, {workers} worker(s)", pool.grade_batch, completions, references)
-
-    print(f"hostile completions, one per batch, 2 warm workers, timeout {args.timeout:g} s:")
+    print(
+        f"hostile completions, one per batch, 2 warm workers, CPU timeout {args.timeout:g} s, wall backstop default:"
+    )
     with GraderPool(workers=2, timeout_s=args.timeout) as pool:
         worst = 0.0
         for name, completion in hostile_completions().items():
-            pool.grade_batch(["\\boxed{1}"] * 2, ["1"] * 2, [False] * 2)  # restarts any killed worker
+            pool.grade_batch(["\\boxed{1}"] * 2, ["1"] * 2, [False] * 2)  # replacement workers are up
             start = time.perf_counter()
             [g] = pool.grade_batch([completion], ["1"], [False])
             latency = time.perf_counter() - start
             worst = max(worst, latency)
-            print(f"  {name:28} {g.outcome.value:15} {latency:6.2f} s")
-        print(f"  worst-case latency: {worst:.2f} s")
+            report = pool.last_report
+            why = [k for k in ("timeouts", "resource_failures", "crashes", "oversize") if getattr(report, k)]
+            print(f"  {name:32} {g.outcome.value:15} {latency:6.2f} s  {' '.join(why)}")
+        print(f"  worst-case latency: {worst:.2f} s; load average now {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -125,8 +125,21 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embe
     os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its grader workers, mid-run
     proc.wait()
     assert not (out / "step003").exists()
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    (out / f".state002.tmp-{int(exited.stdout)}").mkdir()  # as a save killed mid-way leaves it
+    original = json.loads((out / "run.json").read_text())
 
     run(train_cmd(tiny_base, embedded_snapshot, out, resume=out))
+    assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # removed at the start
+    info = json.loads((out / "run.json").read_text())
+    assert {k: v for k, v in info.items() if k not in ("resumes", "best_step")} == {
+        k: v for k, v in original.items() if k != "best_step"
+    }  # the run's own record is never rewritten by a resume ...
+    assert [(e["from_state"], e["changed"]) for e in info["resumes"]] == [
+        ("state001", {})
+    ]  # ... only added to
 
     ref = uninterrupted
     assert rows(out / "results" / "steps.jsonl") == rows(ref / "results" / "steps.jsonl")
@@ -138,6 +151,20 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embe
     (ta, ma), (tb, mb) = load_state(out / "state003"), load_state(ref / "state003")
     assert ta.keys() == tb.keys() and all(ta[k].equal(tb[k]) for k in ta)
     assert ma["task_sampler"] == mb["task_sampler"] and ma["rng"] == mb["rng"]
+
+
+def test_fresh_run_into_a_finished_run_is_refused_and_changes_nothing(
+    uninterrupted, tiny_base, embedded_snapshot
+):
+    before = {p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file()}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = train_cmd(tiny_base, embedded_snapshot, uninterrupted)
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1].startswith(
+        f"error: output_dir {uninterrupted} is not empty"
+    )
+    assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file()} == before
 
 
 def test_standalone_eval_reproduces_training_rows(uninterrupted):

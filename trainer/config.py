@@ -188,9 +188,8 @@ RESUME_MAY_CHANGE = frozenset(
      "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
      "hub_revision", "log_completions_hub_repo"}
 )  # fmt: skip
-RESUME_ONLY = frozenset(
-    {"resume", "resume_fallback", "output_dir"}
-)  # output_dir: validate() ties it to resume
+# Not compared at all: the resume flags, and output_dir (validate() ties it to --resume).
+RESUME_ONLY = frozenset({"resume", "resume_fallback", "output_dir"})
 
 
 def resume_changes(old: dict, new: dict) -> tuple[dict, dict]:

@@ -387,6 +387,7 @@ class EvalCallback(TrainerCallback):
         if sharding.is_sharded(model):  # FSDP2: every process gathers, the main one evaluates a whole copy
             full = sharding.full_parameters(model)
             weights = sharding.unsharded_copy(model, full, torch.bfloat16) if dist.is_main_process else None
+            weights = as_checkpoint(weights) if weights is not None else None
         elif dist.is_main_process:
             weights = checkpoint_weights(model)
         if dist.is_main_process:
@@ -411,17 +412,28 @@ class EvalCallback(TrainerCallback):
 
 
 # --- after the fact -------------------------------------------------------------------------------
-def checkpoint_weights(model):
-    """The model as a checkpoint stores it (bf16), so `make eval` on stepNNN/ reproduces in-training rows.
+def compute_dtype(device: torch.device | str) -> torch.dtype:
+    """Evaluation computes in bf16 on a GPU and in float32 on a CPU, always on bf16-rounded weights (what a
+    checkpoint stores): CPUs without bf16 matrix units run bf16 matmuls ~5x slower, and float32 arithmetic
+    on values that are exactly bf16 gives the same rows in training and in `make eval`."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
-    A bf16 model is used as is; a float32 one (CPU runs) is evaluated through a bf16 copy.
-    """
-    if model is None or model.dtype == torch.bfloat16:
+
+def as_checkpoint(model):
+    """`model` with every parameter rounded to bf16 and held in `compute_dtype` (buffers, the rotary
+    frequencies among them, stay float32, as from_pretrained keeps them)."""
+    dtype = compute_dtype(model.device)
+    for p in model.parameters():
+        p.data = p.data.to(torch.bfloat16).to(dtype)
+    return model
+
+
+def checkpoint_weights(model):
+    """The model as a checkpoint stores it (bf16 values), so `make eval` on stepNNN/ reproduces in-training
+    rows. A bf16 model on a GPU is used as is; anything else is evaluated through a rounded copy."""
+    if model is None or model.dtype == compute_dtype(model.device) == torch.bfloat16:
         return model
-    bf16 = copy.deepcopy(model)
-    for p in bf16.parameters():  # buffers (rotary frequencies) stay float32, as from_pretrained keeps them
-        p.data = p.data.to(torch.bfloat16)
-    return bf16
+    return as_checkpoint(copy.deepcopy(model))
 
 
 def load_checkpoint(path: Path, device: str):
@@ -433,8 +445,8 @@ def load_checkpoint(path: Path, device: str):
     cls = getattr(transformers, names[0], None) if names else None
     if cls is None:
         raise ValueError(f"{config_file}: 'architectures' {names!r} names no transformers class")
-    model = cls.from_pretrained(path, dtype=torch.bfloat16).to(device)  # what training evaluated
-    return model, transformers.AutoTokenizer.from_pretrained(path)
+    model = cls.from_pretrained(path, dtype=torch.bfloat16).to(device)  # the stored (bf16) values
+    return as_checkpoint(model), transformers.AutoTokenizer.from_pretrained(path)
 
 
 def load_eval_tasks(run: Mapping, run_dir: Path) -> dict[str, list[dict]]:

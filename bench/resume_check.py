@@ -74,6 +74,8 @@ def main() -> None:
         config = ["--config_file", a.accelerate_config] if a.accelerate_config else ["--multi_gpu"]
         launch += ["-m", "accelerate.commands.launch", *config, "--num_processes", str(a.processes)]
     ref, out = Path(a.out) / "uninterrupted", Path(a.out) / "resumed"
+    if Path(a.out).is_dir() and any(Path(a.out).iterdir()):  # a check never overwrites an earlier one
+        raise SystemExit(f"error: {a.out} is not empty: pass another --out, or remove it")
     train(launch, args, ref)
     train(launch, args, out, kill_after=a.kill_after)
     train(launch, args, out, resume=True)

@@ -20,6 +20,7 @@ import argparse
 import glob
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -28,7 +29,7 @@ from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.utils import validate_repo_id
 
 from cards.card import Run, checkpoint_card, parse_steps, run_card, write_cards
-from trainer.state_shard import verify_state
+from trainer.state_shard import StateError, verify_state
 
 logger = logging.getLogger(__name__)
 
@@ -194,16 +195,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control", type=Path, help="control run for the run card's paired comparison")
     parser.add_argument("--dry-run", action="store_true", help="print the plan; no Hub calls")
     args = parser.parse_args(argv)
-    push(
-        args.run_dir,
-        args.repo,
-        steps=parse_steps(args.steps),
-        states=args.states,
-        revision=args.revision,
-        private=args.private,
-        dry_run=args.dry_run,
-        control=args.control,
-    )
+    try:
+        push(
+            args.run_dir,
+            args.repo,
+            steps=parse_steps(args.steps),
+            states=args.states,
+            revision=args.revision,
+            private=args.private,
+            dry_run=args.dry_run,
+            control=args.control,
+        )
+    except (StateError, FileNotFoundError, ValueError, RuntimeError) as e:
+        if os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0"):
+            raise
+        print(f"error: {e}", file=sys.stderr)  # one line; CAPGRPO_DEBUG=1 for the traceback
+        sys.exit(1)
 
 
 if __name__ == "__main__":

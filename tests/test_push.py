@@ -129,6 +129,21 @@ def test_a_broken_state_is_never_planned(run, api):
     push(run, REPO, steps=[5], states=True, api=api)  # the other state is fine
 
 
+def test_cli_refusal_is_one_line(run, capsys):
+    shard = run / "state006" / "shard-00000-of-00001.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-3])
+    before = tree_bytes(run)
+    with pytest.raises(SystemExit) as exit:
+        main([str(run), "--repo", REPO, "--steps", "6", "--states", "--dry-run"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        exit.value.code == 1
+        and err[-1].startswith(f"error: {shard}: size ")
+        and "Traceback" not in "\n".join(err)
+    )
+    assert tree_bytes(run) == before
+
+
 def test_token_is_never_printed_logged_or_written(run, api, capsys, caplog, tmp_path):
     caplog.set_level(logging.DEBUG)
     push(run, REPO, states=True, revision="dev", api=api)

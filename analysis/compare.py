@@ -557,14 +557,18 @@ def trajectory(side: Side) -> Trajectory:
         format_rejected=per_eval(lambda rows: set_accuracy(rows).rate(Outcome.FORMAT_REJECTED)),
         train_steps=train_steps,
         logprob_median=[_step_series(r, "logprob_median", train_steps) for r in side.runs],
+        logprob_mean=[_step_series(r, "logprob_mean", train_steps, optional=True) for r in side.runs],
         gate_stat=[_step_series(r, "gate_stat", train_steps) for r in side.runs],
     )
 
 
-def _step_series(run: Run, key: str, steps: list[int]) -> list[float]:
-    """One value per training step in `steps`; a logged null or a step without a row becomes NaN."""
+def _step_series(run: Run, key: str, steps: list[int], optional: bool = False) -> list[float]:
+    """One value per training step in `steps`; a logged null or a step without a row becomes NaN (and so does
+    a missing `optional` field: logprob_mean is newer than some runs)."""
     by_step = {}
     for row in run.steps:
+        if key not in row and optional:
+            continue
         if key not in row:
             raise CompareError(f"{run.path / 'results/steps.jsonl'}: step {row['step']} has no '{key}'")
         by_step[row["step"]] = math.nan if row[key] is None else float(row[key])

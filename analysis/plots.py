@@ -36,6 +36,7 @@ class Trajectory:
     format_rejected: dict[str, list[list[float]]]
     train_steps: list[int]
     logprob_median: list[list[float]]
+    logprob_mean: list[list[float]]  # all NaN for runs from before steps.jsonl had it
     gate_stat: list[list[float]]
 
     @property
@@ -48,6 +49,7 @@ PLOTS = {  # title -> file name
     "Median output length per eval step": "output_length.png",
     "Truncation and format-rejection rates per eval step": "unresolved_rates.png",
     "Median sampled-token logprob per training step": "logprob_median.png",
+    "Mean sampled-token logprob per training step": "logprob_mean.png",
     "Gate statistic per training step": "gate_stat.png",
 }
 
@@ -63,6 +65,10 @@ def figures(trajectories: list[Trajectory], sets: list[str]) -> dict[str, plt.Fi
         "Truncation and format-rejection rates per eval step": _unresolved(trajectories, sets),
         "Median sampled-token logprob per training step": _per_train_step(
             trajectories, "logprob_median", "median logprob of sampled tokens"
+        ),
+        # a near-deterministic policy (the embedded base) has a median of ~0; the mean still moves
+        "Mean sampled-token logprob per training step": _per_train_step(
+            trajectories, "logprob_mean", "mean logprob of sampled tokens"
         ),
         "Gate statistic per training step": _per_train_step(trajectories, "gate_stat", gate_label),
     }

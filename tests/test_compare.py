@@ -23,7 +23,7 @@ from analysis.compare import (
     peak_decline,
     trajectory,
 )
-from analysis.plots import break_gaps, figures
+from analysis.plots import PLOTS, break_gaps, figures
 from analysis.stats import holm
 from rewards.outcome import Outcome
 
@@ -193,7 +193,7 @@ def test_cli_writes_report_and_plots(runs, tmp_path, capsys):
         assert text in report
     assert "| B truncated → A correct | 1 |" in report
     pngs = sorted(out.glob("*.png"))
-    assert len(pngs) == 5
+    assert len(pngs) == len(PLOTS)
     for png in pngs:
         assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
         assert f"]({png.name})" in report
@@ -538,7 +538,7 @@ def test_a_step_zero_only_run_draws_sane_axes(tmp_path):
     a = write_run(tmp_path / "A", "S2", evals, train_steps=[])
     b = write_run(tmp_path / "B", "S0", evals, train_steps=[])
     c = compare_runs(a, b, tmp_path / "out")
-    assert (c.step_a, c.step_b) == (0, 0) and len(c.plots) == 5
+    assert (c.step_a, c.step_b) == (0, 0) and len(c.plots) == len(PLOTS)
     figs = figures([trajectory(c.a), trajectory(c.b)], ["h"])
     acc = figs["Accuracy per eval step"].axes[0]
     lo, hi = acc.get_xlim()

@@ -280,14 +280,22 @@ class _Worker:
         *lines, self._pending = (self._pending + chunk).split(b"\n")
         return [json.loads(line) for line in lines]
 
+    dying: list[subprocess.Popen] = []  # killed, not yet reaped: tearing down a large process takes a while
+
     def kill(self) -> None:
+        """SIGKILL without waiting for the exit: the caller's batch must not wait on the kernel's teardown."""
         self.process.kill()
-        self.process.wait()
+        if self.process.poll() is None:
+            _Worker.dying.append(self.process)
         for pipe in (self.process.stdin, self.process.stdout):
             try:
                 pipe.close()
             except OSError:  # a flush into a dead worker's pipe
                 pass
+
+    @staticmethod
+    def reap(block: bool = False) -> None:
+        _Worker.dying = [p for p in _Worker.dying if (p.wait() if block else p.poll()) is None]
 
     def stop(self) -> None:
         """Wait for the worker to leave after `self.process.stdin` was closed (end of input ends its loop)."""
@@ -403,6 +411,7 @@ class GraderPool:
             for worker in workers:
                 worker.stop()
             self._workers = []
+            _Worker.reap(block=True)
 
     # --- workers -----------------------------------------------------------------------------------
     @staticmethod
@@ -428,10 +437,12 @@ class GraderPool:
             self._workers[slot] = None
 
     def _retire(self, slot: int, report: BatchReport) -> None:
-        """Kill the worker in `slot` and start its replacement now, so that its start-up overlaps work."""
+        """Kill the worker in `slot`; a replacement starts when an item needs one (not on the caller's clock)."""
+        if self._workers[slot] is None:
+            return
         self._workers[slot].kill()
+        self._workers[slot] = None
         report.recycled += 1
-        self._start(slot, report)
 
     # --- grading -----------------------------------------------------------------------------------
     def grade_batch(
@@ -446,6 +457,7 @@ class GraderPool:
             bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
             if bad is not None:
                 raise TypeError(f"grade_batch: {field}[{bad}] is {type(values[bad]).__name__}, expected str")
+        _Worker.reap()
         start = time.monotonic()
         report = BatchReport(items=len(completions))
         outcomes: list[Outcome | None] = [None] * len(completions)
@@ -506,12 +518,12 @@ class GraderPool:
             if now >= deadline or report.cpu_seconds >= self._batch_cpu_s:
                 break
             for slot, worker in enumerate(self._workers):
-                if worker is None and slot not in failed_start:
-                    self._start(slot, report)
+                if worker is None and slot not in failed_start and todo:
+                    self._start(slot, report)  # starts in the background; its "ready" is awaited below
                     if self._workers[slot] is None:
                         failed_start.add(slot)
                 elif worker is not None and worker.ready and slot not in busy.values():
-                    if worker.process.poll() is not None:  # died between items
+                    if worker.process.poll() is not None and todo:  # died between items
                         worker.kill()
                         self._start(slot, report)
             busy_slots = set(busy.values())

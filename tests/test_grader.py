@@ -327,7 +327,10 @@ def test_workers_are_recycled_after_n_items_and_after_a_timeout():
 
 @pytest.mark.parametrize("failure", ["exit", "hang"])
 def test_failed_restart_is_indeterminate_and_a_warning(monkeypatch, caplog, failure):
-    with GraderPool(workers=1, timeout_s=1.0, startup_timeout_s=2.0, judge=hooked_judge) as pool:
+    with GraderPool(workers=1, timeout_s=1.0, judge=hooked_judge) as pool:
+        pool._startup_timeout_s = (
+            2.0  # for the replacements only: the first start may be slow on a busy machine
+        )
         monkeypatch.setenv("CAPGRPO_TEST_WORKER_START", failure)  # replacements inherit it
         with caplog.at_level(logging.WARNING, logger="rewards.grader"):
             start = time.monotonic()
@@ -336,7 +339,8 @@ def test_failed_restart_is_indeterminate_and_a_warning(monkeypatch, caplog, fail
             )
             elapsed = time.monotonic() - start
         assert [g.outcome for g in grades] == [C, IND, IND, IND]
-        assert pool.last_report.start_failures == 1 and elapsed < 2.0 + 1.0
+        assert pool.last_report.start_failures == 1
+        assert elapsed < 2.0 + 10.0  # a hung start costs its start-up limit, not the default 120 s
         assert "did not start" in caplog.text
         monkeypatch.delenv("CAPGRPO_TEST_WORKER_START")
         assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]  # recovered

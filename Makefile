@@ -5,7 +5,7 @@ ARM ?= S2
 RECIPE ?= $(or $(wildcard configs/embedded/$(ARM).yaml),configs/embedded/S2.yaml)
 RUN ?= runs/$(ARM)
 BASE ?= artifacts/base
-ARMS ?= S0,S2
+ARMS ?= S0,S2,S4
 SEEDS ?=
 JOBS ?= 2
 export HF_HUB_OFFLINE = 1
@@ -47,7 +47,7 @@ regrade:  ## make regrade RUN=runs/S2 [GRADER=v2]: re-grade the run's eval files
 
 compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/S2 B=runs/S0 [A_STEP=N B_STEP=N] [OUT=dir]" >&2; exit 2; }
-	$(PY) -m analysis.compare $(A) $(B) $(if $(A_STEP),--a-step $(A_STEP)) $(if $(B_STEP),--b-step $(B_STEP)) $(if $(OUT),--out $(OUT))
+	$(PY) -m analysis.compare '$(A)' '$(B)' $(if $(A_STEP),--a-step $(A_STEP)) $(if $(B_STEP),--b-step $(B_STEP)) $(if $(OUT),--out $(OUT))
 
 experiment:  ## make experiment [ARMS=S0,S2,S4] [SEEDS=0,1,2] [OUT=docs/experiment-embedded]: train every arm (control first) from the embedded recipe, compare each with the control
 	$(PY) -m trainer.experiment --recipe configs/embedded/S2.yaml --arms $(ARMS) $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS) $(if $(OUT),--out $(OUT)) $(if $(ARGS),-- $(ARGS))

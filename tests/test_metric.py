@@ -51,3 +51,13 @@ def test_indeterminate_is_out_of_the_denominator(metric, monkeypatch):
 def test_truncated_flags_must_match(metric):
     with pytest.raises(ValueError, match="truncated flags"):
         metric.compute(predictions=["\\boxed{1}"], references=["1"], truncated=[True, False])
+
+
+def test_grader_v2_is_selectable_and_recorded(metric):
+    from rewards.outcome import GRADER_VERSIONS
+
+    result = metric.compute(predictions=["\\boxed{2\\,220}"], references=["2220"], grader="v2")
+    assert (result["accuracy"], result["grader_version"]) == (1.0, GRADER_VERSIONS["v2"])
+    assert metric.compute(predictions=["\\boxed{2\\,220}"], references=["2220"])["accuracy"] == 0.0  # v1
+    with pytest.raises(ValueError, match="unknown grader 'v9'"):
+        metric.compute(predictions=["\\boxed{1}"], references=["1"], grader="v9")

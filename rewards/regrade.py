@@ -5,7 +5,8 @@
 Reads every `results/eval_stepNNN[_capCCCC].jsonl`, grades each row's stored completion against its
 reference with the chosen grader (a row whose outcome is `truncated` stays truncated: that is decided
 by the tokens, not the grader), and writes `results/regrade-<grader>/` with the same file names plus
-`summary.json`. Nothing existing is overwritten: if that directory exists the command refuses. Prints
+`summary.json`. The pool uses the run's own grader limits (workers, timeout, memory from run.json), so
+that only the grader version differs. Nothing existing is overwritten: if that directory exists the command refuses. Prints
 how many outcomes changed (old -> new) and how accuracy (correct / non-indeterminate) moves per set
 and step, so a researcher can see whether a conclusion depends on the grader.
 """
@@ -42,6 +43,14 @@ def _read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def _run_limits(run_dir: Path) -> dict:
+    """The run's own grader limits (run.json's resolved config), so that only the grader version changes."""
+    run_file = run_dir / "run.json"
+    config = json.loads(run_file.read_text()).get("config", {}) if run_file.is_file() else {}
+    names = {"grader_workers": "workers", "grader_timeout_s": "timeout_s", "grader_memory_mb": "memory_mb"}
+    return {arg: config[field] for field, arg in names.items() if field in config}
+
+
 def regrade(run_dir: Path, grader: str, pool: GraderPool | None = None) -> dict:
     """Write `results/regrade-<grader>/` and return its summary (also written as summary.json)."""
     version = grader_version(grader)
@@ -53,7 +62,8 @@ def regrade(run_dir: Path, grader: str, pool: GraderPool | None = None) -> dict:
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists; not overwriting it (move it away to re-grade again)")
     own = pool is None
-    pool = pool or GraderPool(grader=grader)
+    limits = _run_limits(Path(run_dir)) if own else {}
+    pool = pool or GraderPool(grader=grader, **limits)
     changes: Counter = Counter()
     accuracy: list[dict] = []
     written: dict[Path, bytes] = {}
@@ -93,6 +103,7 @@ def regrade(run_dir: Path, grader: str, pool: GraderPool | None = None) -> dict:
     summary = {
         "run": str(run_dir),
         "grader_version": version,
+        "limits": limits,
         "files": [p.name for p in files],
         "rows": sum(changes.values()),
         "changed": sum(n for (a, b), n in changes.items() if a != b),
@@ -112,7 +123,12 @@ def _fmt(accuracy: float | None) -> str:
 
 def format_summary(summary: dict) -> str:
     lines = [
-        f"re-graded {summary['rows']} rows of {len(summary['files'])} eval files with {summary['grader_version']}",
+        f"re-graded {summary['rows']} rows of {len(summary['files'])} eval files with {summary['grader_version']}"
+        + (
+            f" ({', '.join(f'{k}={v}' for k, v in summary['limits'].items())}: the run's)"
+            if summary["limits"]
+            else ""
+        ),
         f"outcomes changed: {summary['changed']} of {summary['rows']}",
     ]
     if summary["transitions"]:

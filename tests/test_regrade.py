@@ -43,6 +43,8 @@ def run(tmp_path):
     for name, rows in files.items():
         (results / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (results / "steps.jsonl").write_text("{}\n")
+    config = {"grader_workers": 1, "grader_timeout_s": 3.0, "grader_memory_mb": 512, "seed": 0}
+    (tmp_path / "run.json").write_text(json.dumps({"config": config}))
     return tmp_path
 
 
@@ -91,6 +93,7 @@ def test_cli_prints_the_table_and_refuses_bad_input(run, tmp_path, capsys):
     assert main([str(run), "--grader", "v1"]) == 0
     printed = capsys.readouterr().out
     assert "outcomes changed: 0 of 5" in printed and "regrade-v1" in printed
+    assert "(workers=1, timeout_s=3.0, memory_mb=512: the run's)" in printed  # only the grader changes
     assert main([str(run), "--grader", "v3"]) == 2
     assert "unknown grader 'v3'" in capsys.readouterr().err
     assert main([str(tmp_path / "nothing")]) == 2

@@ -6,7 +6,7 @@ million parameters can learn, and a higher level adds steps, so its solution is 
 docs/embedded_default.md). Everything is computed with exact rational arithmetic and is deterministic
 from the seed.
 
-    python -m data.synthetic --n 600 --seed 0 --out artifacts/synthetic.tasks.json
+    python -m data.synthetic --n 1200 --seed 0 --out artifacts/synthetic.tasks.json
 """
 
 import argparse

@@ -2,11 +2,12 @@
 
 It has the real architecture (hybrid gated-delta-net / full-attention text model plus a vision tower,
 tiny but present so the real load/save path is exercised), a small byte-level BPE tokenizer trained
-on synthetic task text with Qwen3.5's pre-tokenizer and chat tokens, and a short TRL SFT warm start on
-worked solutions of problems that are not in the embedded snapshot. It runs on CPU in minutes, in
-float32, and is deterministic for a seed.
+on synthetic task text with Qwen3.5's pre-tokenizer and chat tokens, and a TRL SFT warm start on
+worked solutions of problems that are not in the embedded snapshot, in float32, deterministic for a
+seed. The SFT uses a GPU when there is one (the shipped embedded/base: 6 minutes on an H200), else the
+CPU (hours on 2 cores; docs/embedded_default.md).
 
-    python -m trainer.tiny_base --out artifacts/base --seed 0
+    python -m trainer.tiny_base --out artifacts/base --snapshot artifacts/synthetic.tasks.json   # = make base
 
 writes the embedded task snapshot (printing its sha256), builds and warm-starts the model, saves it
 to --out, and reports pass@1, the outcome mix and the gate-qualifying share of 8-sample groups on the

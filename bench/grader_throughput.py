@@ -8,12 +8,15 @@ wrong). Each is timed cold (a fresh pool, or for plain math-verify the first pas
 and warm (the same pool or process again). Plain is `math_verify.verify(parse(gold), parse(answer))`
 with math-verify's defaults, in this process: no isolation, no limits. Then each hostile completion
 alone through a warm 2-worker pool with the default wall-clock backstop (2 x timeout + 1 s).
+`--load-check` instead times two slow sympy comparisons on one core, alone and beside three busy processes.
 """
 
 import argparse
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections import Counter
 from importlib.metadata import version
@@ -69,17 +72,52 @@ def plain(pairs: tuple[list[str], list[str]]) -> Counter:
     return mix
 
 
+def load_check(timeout: float) -> None:
+    """Wall and CPU time of slow sympy comparisons on one core, alone and shared with three busy processes."""
+    items = [("(x+1)^{24}-(x-1)^{24}", "(1+x)^{24}-(x-1)^{24}+1"), ("\\sin(x)^{20}", "\\cos(x)^{20}")]
+    affinity = os.sched_getaffinity(0)
+    cpu = min(affinity)
+    os.sched_setaffinity(0, {cpu})  # the workers inherit the one core
+    try:
+        for hogs in (0, 3):
+            procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+            try:
+                for answer, reference in items:  # a fresh worker each: no item finds another's caches warm
+                    with GraderPool(workers=1, timeout_s=timeout, wall_timeout_s=20 * timeout) as pool:
+                        pool.grade_batch(["\\boxed{1}"], ["1"], [False])
+                        [g] = pool.grade_batch([_completion(answer)], [reference], [False])
+                    r = pool.last_report
+                    print(
+                        f"  {hogs} hogs  {answer:24} {g.outcome.value:13} wall {r.seconds:5.2f} s  "
+                        f"CPU {r.cpu_seconds:5.2f} s"
+                    )
+            finally:
+                for proc in procs:
+                    proc.kill()
+                    proc.wait()
+    finally:
+        os.sched_setaffinity(0, affinity)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "math500.jsonl")
     parser.add_argument("--timeout", type=float, default=5.0, help="per-item CPU timeout of the pools (s)")
     parser.add_argument("--skip-hostile", action="store_true")
+    parser.add_argument(
+        "--load-check",
+        action="store_true",
+        help="only: slow sympy items quiet and under 3 CPU hogs on one core",
+    )
     args = parser.parse_args()
     print(
         f"{platform.node()}  {platform.processor() or platform.machine()}  {os.cpu_count()} CPUs  "
         f"python {platform.python_version()}  math-verify {version('math-verify')}"
     )
     print(f"load average at start: {os.getloadavg()}")
+    if args.load_check:
+        load_check(args.timeout)
+        return
     sets = math500_items(args.data)
 
     for name, (answers, references) in sets.items():

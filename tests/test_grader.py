@@ -234,27 +234,34 @@ def _hogs(cpu: int, n: int) -> list[subprocess.Popen]:
 
 
 def test_machine_load_changes_speed_not_verdicts():
-    answers = ["SPIN:0.6", "SPIN:3", "1"]  # 0.6 s of CPU: inside the 1 s limit; 3 s: beyond it
-    completions, references = [_completion(a) for a in answers], ["1"] * 3
-    cpu = min(os.sched_getaffinity(0))
-    with GraderPool(workers=1, timeout_s=1.0, wall_timeout_s=60.0, judge=hooked_judge) as pool:
-        quiet = pool.grade_batch(completions, references, [False] * 3)
-        hogs = _hogs(cpu, 3)  # three busy processes on the worker's core: it gets about a quarter of it
-        try:
-            for worker in pool._workers:
-                os.sched_setaffinity(worker.process.pid, {cpu})
-            [slow] = pool.grade_batch(completions[:1], references[:1], [False])
-            slow_seconds = pool.last_report.seconds
-            for worker in pool._workers:  # the 3 s item replaced its worker: pin the new one too
-                os.sched_setaffinity(worker.process.pid, {cpu})
-            loaded = pool.grade_batch(completions, references, [False] * 3)
-        finally:
-            for hog in hogs:
-                hog.kill()
-                hog.wait()
-    assert [g.outcome for g in quiet] == [C, IND, C]
-    assert [g.outcome for g in loaded] == [g.outcome for g in quiet] and slow.outcome is C
-    assert slow_seconds > 1.0  # a wall-clock limit of 1 s would have made it indeterminate
+    # 1.2 s of CPU: inside the 2 s limit; 5 s: beyond it; then a real comparison that costs sympy about
+    # 0.3 CPU seconds (expanding two 24th powers). Items far from the limit: CPU time itself grows by up
+    # to ~30% when the core is shared (cache misses), so one within that of the limit can still flip.
+    answers = ["SPIN:1.2", "SPIN:5", "1", "(x+1)^{24}-(x-1)^{24}"]
+    references = ["1", "1", "1", "(1+x)^{24}-(x-1)^{24}+1"]
+    completions = [_completion(a) for a in answers]
+    affinity = os.sched_getaffinity(0)
+    cpu = min(affinity)
+    os.sched_setaffinity(0, {cpu})  # every worker started from here on inherits the one core
+    try:
+        with GraderPool(workers=1, timeout_s=2.0, wall_timeout_s=60.0, judge=hooked_judge) as pool:
+            quiet = pool.grade_batch(completions, references, [False] * 4)
+            hogs = _hogs(cpu, 3)  # three busy processes on the worker's core: it gets about a quarter of it
+            try:
+                loaded, seconds = [], []
+                for completion, reference in zip(completions, references):
+                    pool.grade_batch(["\\boxed{1}"], ["1"], [False])  # a worker is up: time no start-up
+                    loaded += pool.grade_batch([completion], [reference], [False])
+                    seconds.append(pool.last_report.seconds)
+            finally:
+                for hog in hogs:
+                    hog.kill()
+                    hog.wait()
+    finally:
+        os.sched_setaffinity(0, affinity)
+    assert [g.outcome for g in quiet] == [C, IND, C, W]
+    assert [g.outcome for g in loaded] == [g.outcome for g in quiet]
+    assert seconds[0] > 2.0  # 1.2 CPU-s took longer than 2 s: a wall-clock limit would have changed it
 
 
 # --- 3: length caps, and the scan runs in the worker ---------------------------------------------------

@@ -350,6 +350,7 @@ def test_failed_restart_is_indeterminate_and_a_warning(monkeypatch, caplog, fail
         assert elapsed < 2.0 + 10.0  # a hung start costs its start-up limit, not the default 120 s
         assert "did not start" in caplog.text
         monkeypatch.delenv("CAPGRPO_TEST_WORKER_START")
+        pool._startup_timeout_s = 120.0
         assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]  # recovered
 
 
@@ -398,6 +399,9 @@ def test_hostile_completions_are_contained(tmp_path):
     with GraderPool(workers=2, timeout_s=2.0, wall_timeout_s=2.5) as pool:
         for name, completion in _hostile(marker).items():
             for reference in ("1", "4^{2^{31}}"):
+                pool.grade_batch(
+                    ["\\boxed{1}"] * 2, ["1"] * 2, [False] * 2
+                )  # workers killed earlier are back
                 start = time.monotonic()
                 [g] = pool.grade_batch([completion], [reference], [False])  # no exception
                 elapsed = time.monotonic() - start

@@ -55,7 +55,7 @@ from data.prompt import prompt_messages  # noqa: E402
 from data.sampler import TaskSampler  # noqa: E402
 from data.snapshot import load_snapshot, write_snapshot  # noqa: E402
 from data.synthetic import generate_tasks  # noqa: E402
-from rewards.grader import Grade  # noqa: E402
+from rewards.grader import BatchReport, Grade  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rewards.reward import OutcomeReward  # noqa: E402
 from trainer.arms import ARMS  # noqa: E402
@@ -91,6 +91,7 @@ class CoinGrader:
             raise ValueError(f"--p-correct {p_correct} and --p-format {p_format} must be >= 0, sum <= 1")
         self.p_correct, self.p_format, self.seed, self.group_size = p_correct, p_format, seed, group_size
         self.step_fn = step_fn
+        self.last_report = BatchReport()  # GraderPool's per-batch report: a coin never fails
         self.seconds = 0.0
         self.outcomes: list[list[Outcome]] = []  # the groups graded since the last `pop_groups`
 

@@ -8,7 +8,7 @@ a test checks can be computed by hand.
 from trl import GRPOTrainer
 
 from data.sampler import TaskSampler
-from rewards.grader import Grade
+from rewards.grader import BatchReport, Grade
 from rewards.outcome import GRADER_VERSION, Outcome
 from trainer.config import CapGRPOConfig
 from trainer.grpo import CapGRPOTrainer
@@ -20,6 +20,8 @@ TEXT = {"C": " \\boxed{1}", "W": " \\boxed{2}", "F": " no answer", "X": " ??", "
 
 class TextGrader:
     """Stands in for the grader pool: the outcome is written in the completion text."""
+
+    last_report = BatchReport()  # GraderPool's per-batch report: nothing fails here
 
     def grade_batch(self, completions, references, truncated):
         grades = []

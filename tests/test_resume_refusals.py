@@ -41,7 +41,7 @@ def tree_digest(root: Path) -> str:
 def inputs(tmp_path, monkeypatch) -> dict:
     snapshot = tmp_path / "tiny.tasks.json"
     write_snapshot(
-        [{"id": f"t{i:03d}", "problem": f"{i} + 1", "answer": str(i + 1)} for i in range(200)], snapshot
+        [{"id": f"t{i:03d}", "problem": f"{i} + 1", "answer": str(i + 1)} for i in range(400)], snapshot
     )
     base = tmp_path / "base"
     base.mkdir()
@@ -56,6 +56,7 @@ def inputs(tmp_path, monkeypatch) -> dict:
 def argv(inputs: dict, *extra: str) -> list[str]:
     return ["--config", str(REPO / "configs/embedded/S2.yaml"), "--output_dir", str(inputs["run"]),
             "--model_name_or_path", str(inputs["base"]), "--snapshot_path", str(inputs["snapshot"]),
+            "--snapshot_sha256", hashlib.sha256(inputs["snapshot"].read_bytes()).hexdigest(),
             "--report_to", "none", "--checkpoint_steps", "2", "3", *extra]  # fmt: skip
 
 
@@ -178,10 +179,10 @@ def test_state_without_its_row_or_weights_is_not_resumed(inputs, capsys):
 @pytest.mark.parametrize(
     "flags, shown",
     [
-        (["--learning_rate", "1e-4"], "learning_rate 5e-05 → 0.0001"),
+        (["--learning_rate", "5e-5"], "learning_rate 0.0001 → 5e-05"),
         (["--max_completion_length", "64"], "max_completion_length 160 → 64"),
         (["--seed", "1", "--temperature", "0.7"], "seed 0 → 1"),
-        (["--lr_scheduler_type", "linear", "--max_steps", "12"], "max_steps 8 → 12"),
+        (["--lr_scheduler_type", "linear", "--max_steps", "12"], "max_steps 20 → 12"),
     ],
 )
 def test_resume_refuses_config_changes_by_name(inputs, capsys, flags, shown):

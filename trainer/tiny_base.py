@@ -460,6 +460,8 @@ def build_base(
         pool = sft_pool(cfg, exclude_problems={t["problem"] for t in tasks})
         manifest["sft"] = warm_start(model, tokenizer, pool, cfg, Path(work))
         manifest["sft"].update(pool_size=len(pool), seconds=round(time.perf_counter() - t0, 1))
+        # SFTTrainer may align the generation config with the tokenizer (transformers 5.17 wrote eos [2, 2])
+        model.generation_config = sampling_config(tokenizer.eos_token_id, tokenizer.pad_token_id)
         model.save_pretrained(out)  # float32: see docs/embedded_default.md
         tokenizer.save_pretrained(out)
         if eval_problems:

@@ -44,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--arms needs a control and at least one other arm")
 
     plan = run_names(arms, seeds)
-    queue = [(name, a_extra) for arm in arms for name, a_extra in plan[arm]]
-    for name, _ in queue:  # refuse before anything starts, as trainer.train would, but for every run at once
+    queue = [(arm, name, a_extra) for arm in arms for name, a_extra in plan[arm]]
+    # refuse before anything starts, as trainer.train would, but for every run at once
+    for _arm, name, _extra in queue:
         run = args.runs / name
         if run.exists() and any(run.iterdir()):
             print(f"error: {run} is not empty: remove it or pass another --runs folder", file=sys.stderr)
@@ -55,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args.runs.mkdir(parents=True, exist_ok=True)
     while queue or running:
         while queue and len(running) < max(1, args.jobs):
-            name, a_extra = queue.pop(0)
-            arm = name.split("-s")[0] if seeds else name
+            arm, name, a_extra = queue.pop(0)
             log = args.runs / f"{name}.log"
             cmd = [sys.executable, "-m", "trainer.train", "--config", args.recipe, "--arm", arm]
             cmd += ["--output_dir", str(args.runs / name), *a_extra, *extra]

@@ -82,6 +82,11 @@ class CapGRPOTrainer(GRPOTrainer):
         seconds = self.step_record["seconds"]
         seconds["generate"] += t1 - t0
         seconds["grade"] += t2 - t1
+        report = self.outcome_reward.last_report.to_log(prefix="")  # where the grader failed, per round
+        seconds["grade_lost"] += report.pop("seconds_lost")  # on items that then timed out
+        for timing in ("seconds", "cpu_seconds"):
+            report.pop(timing)
+        self.step_record["grader"].update(report)
         rows = [
             (ids, None if logprobs is None else logprobs[i], g.outcome.value, g.answer)
             for i, (ids, g) in enumerate(zip(completion_ids, grades, strict=True))
@@ -115,7 +120,10 @@ class CapGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
-        self.step_record = {"seconds": Counter(generate=0.0, grade=0.0, train=0.0, eval=0.0, save=0.0)}
+        self.step_record = {
+            "seconds": Counter(generate=0.0, grade=0.0, grade_lost=0.0, train=0.0, eval=0.0, save=0.0),
+            "grader": Counter(),
+        }
         groups, trained, selection = self._select()
         rows = []  # every rollout of the step, in global order; each process trains its contiguous slice
         for group, ok in zip(groups, trained, strict=True):

@@ -66,3 +66,9 @@ def test_resume_changes_classify_fields():
     refused_, _ = resume_changes(old, new | {"learning_rate": 1e-4, "lr_scheduler_type": "linear"})
     assert refused_ == {"learning_rate": [5e-5, 1e-4], "lr_scheduler_type": ["constant", "linear"],
                         "max_steps": [8, 12]}  # fmt: skip
+
+
+def test_an_unknown_grader_from_a_recipe_is_refused_by_name():
+    """The command line checks `choices`; a YAML recipe reaches the dataclass directly."""
+    with pytest.raises(ConfigError, match=r"grader: must be one of \['v1', 'v2'\], got 'v3'"):
+        CapGRPOConfig(output_dir="/tmp/unused", grader="v3", report_to="none", use_cpu=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from rewards.outcome import GRADER_VERSIONS
 from trainer.arms import Arm, resolve_arm
 
 
@@ -172,6 +173,8 @@ class CapGRPOConfig(GRPOConfig):
             )
         if self.resume_fallback and not self.resume:
             raise ConfigError("resume_fallback: only meaningful with --resume")
+        if self.grader not in GRADER_VERSIONS:  # the command line checks `choices`; a YAML recipe does not
+            raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 
     def resolved_arm(self) -> Arm:
         return resolve_arm(self.arm, self.arms)

@@ -15,6 +15,21 @@ from trainer.grpo import CapGRPOTrainer
 from trainer.tiny_base import BuildConfig, build_model, build_tokenizer
 
 G = 4
+CAP = 24
+# One scripted step on CPU: the settings every scripted trainer (ours and plain TRL's) shares.
+STEP_ARGS = dict(
+    num_generations=G,
+    per_device_train_batch_size=G * 2,
+    max_completion_length=CAP,
+    report_to="none",
+    use_cpu=True,
+    bf16=False,
+    gradient_checkpointing=False,
+    beta=0.0,
+    learning_rate=1e-3,
+    max_steps=1,
+    seed=0,
+)
 TEXT = {"C": " \\boxed{1}", "W": " \\boxed{2}", "F": " no answer", "X": " ??", "T": " 1+1+1+1+1+1"}
 
 
@@ -50,7 +65,7 @@ def tiny_random_model():
 def make_trainer(tiny, out_dir, monkeypatch, arm: str, script: dict[str, str], **overrides):
     """A trainer whose problem `pK` always yields the rollouts spelled by script[pK] (e.g. "CWTX")."""
     tok, model = tiny
-    cap = 24
+    cap = CAP
     tasks = {t: {"id": t, "problem": f"problem {t}", "answer": "1"} for t in script}
     by_prompt = {}
     for t, spelled in script.items():
@@ -74,23 +89,7 @@ def make_trainer(tiny, out_dir, monkeypatch, arm: str, script: dict[str, str], *
         return out, None
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted_generation)
-    kw = dict(
-        output_dir=str(out_dir / arm),
-        arm=arm,
-        groups_per_step=2,
-        num_generations=G,
-        per_device_train_batch_size=G * 2,
-        max_completion_length=cap,
-        max_sampling_rounds=3,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        beta=0.0,
-        learning_rate=1e-3,
-        max_steps=1,
-        seed=0,
-    )
+    kw = dict(STEP_ARGS, output_dir=str(out_dir / arm), arm=arm, groups_per_step=2, max_sampling_rounds=3)
     kw.update(overrides)
     args = CapGRPOConfig(**kw)
     trainer = CapGRPOTrainer(

@@ -41,10 +41,10 @@ def ending_margin(model, tokenizer, tasks) -> float:
     for t in tasks:
         *body, _ = t["solution"].split("\n")
         prefix = render_prompt(tokenizer, t["problem"]) + "\n".join(body) + "\n"
+        p_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         endings = [f"The answer is $\\boxed{{{t['answer']}}}$.", f"The answer is {t['answer']}."]
         scores = []
         for ending in endings:
-            p_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
             e_ids = tokenizer(ending, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
             ids = torch.tensor([p_ids + e_ids])
             with torch.no_grad():

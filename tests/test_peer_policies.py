@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 from datasets import Dataset
-from scripted import G, generate, make_trainer, spelled_rows, tiny_random_model
+from scripted import STEP_ARGS, G, generate, make_trainer, spelled_rows, tiny_random_model
 from trl import GRPOConfig, GRPOTrainer
 
 from data.prompt import prompt_messages
@@ -103,21 +103,7 @@ def test_trl_none_reward_by_hand(tiny, tmp_path, monkeypatch):
 def plain_trl(tiny, tmp_path, reward_fn, **config) -> GRPOTrainer:
     """TRL's own GRPOTrainer on the same scripted rollouts (make_trainer patched its generation)."""
     tok, model = tiny
-    args = GRPOConfig(
-        output_dir=str(tmp_path / "plain-trl"),
-        num_generations=G,
-        per_device_train_batch_size=2 * G,
-        max_completion_length=24,
-        report_to="none",
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        beta=0.0,
-        learning_rate=1e-3,
-        max_steps=1,
-        seed=0,
-        **config,
-    )
+    args = GRPOConfig(output_dir=str(tmp_path / "plain-trl"), **STEP_ARGS, **config)
     data = Dataset.from_dict({"prompt": [prompt_messages("")] * 2 * G})
     trainer = GRPOTrainer(model, [reward_fn], args=args, train_dataset=data, processing_class=tok)
     trainer.model.train()

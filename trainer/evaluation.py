@@ -386,8 +386,8 @@ class EvalCallback(TrainerCallback):
         weights = None
         if sharding.is_sharded(model):  # FSDP2: every process gathers, the main one evaluates a whole copy
             full = sharding.full_parameters(model)
-            weights = sharding.unsharded_copy(model, full, torch.bfloat16) if dist.is_main_process else None
-            weights = as_checkpoint(weights) if weights is not None else None
+            if dist.is_main_process:
+                weights = as_checkpoint(sharding.unsharded_copy(model, full, torch.bfloat16))
         elif dist.is_main_process:
             weights = checkpoint_weights(model)
         if dist.is_main_process:

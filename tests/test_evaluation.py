@@ -22,18 +22,15 @@ from transformers import (  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.snapshot import snapshot_sha256, write_snapshot  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
+from rundir.files import ROW_FIELDS, eval_path, summarize, write_eval  # noqa: E402
 from trainer.evaluation import (  # noqa: E402
-    ROW_FIELDS,
     EvalCallback,
     EvalSpec,
-    eval_path,
     load_checkpoint,
     log_metrics,
     main,
     run_eval,
     sample_seed,
-    summarize,
-    write_eval,
 )
 from trainer.tiny_base import qwen35_config  # noqa: E402
 
@@ -330,18 +327,19 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
     (run_dir / "run.json").write_text(json.dumps(run))
     write_eval(run_dir, 5, rows)
     before = eval_path(run_dir, 5).read_bytes()
-    assert main([str(run_dir), "--steps", "0,5", "--backend", "transformers", "--device", "cpu"]) == 0
+    assert main([str(run_dir), "--steps", "0,5", "--backend", "eager", "--device", "cpu"]) == 0
     assert eval_path(run_dir, 5).read_bytes() == before
     base_rows = [json.loads(line) for line in eval_path(run_dir, 0).read_text().splitlines()]
     assert base_rows == [{**r, "step": 0} for r in rows]  # same weights, same seeds, same rows
 
-    assert main([str(run_dir), "--steps", "5", "--cap", "8", "--backend", "transformers"]) == 0
+    assert main([str(run_dir), "--steps", "5", "--cap", "8", "--backend", "eager"]) == 0
     capped = [json.loads(line) for line in eval_path(run_dir, 5, 8).read_text().splitlines()]
     assert {r["cap"] for r in capped} == {8} and [r["seed"] for r in capped] == [r["seed"] for r in rows]
 
     eval_path(run_dir, 5).write_text(eval_path(run_dir, 5).read_text().replace('"step": 5', '"step": 5 '))
-    assert main([str(run_dir), "--steps", "5", "--backend", "transformers"]) == 1  # refuses to overwrite
+    assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # refuses to overwrite
     assert main([str(run_dir), "--steps", "5", "--temperature", "0.5"]) == 1  # only at another cap
+    assert main([str(run_dir), "--steps", "5", "--backend", "vllm"]) == 1  # another backend: another cap
     run["snapshot"]["sha256"] = "0" * 64
     (run_dir / "run.json").write_text(json.dumps(run))
-    assert main([str(run_dir), "--steps", "5", "--backend", "transformers"]) == 1  # snapshot verified
+    assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # snapshot verified

@@ -66,6 +66,15 @@ class CapGRPOConfig(GRPOConfig):
     fixed_samples: int = field(default=8, metadata={"help": "Samples per fixed32 problem."})
     heldout_samples: int = field(default=1, metadata={"help": "Samples per heldout300 problem."})
     eval_batch_size: int = field(default=64, metadata={"help": "Sequences per evaluation generate call."})
+    # --- generation on one GPU (trainer/generation.py) ------------------------------------------------
+    compiled_generation: bool | None = field(
+        default=None,
+        metadata={"help": "Static cache + compiled decode (default: on for one CUDA process without vLLM)."},
+    )
+    generation_rows: int | None = field(
+        default=None, metadata={"help": "Sequences per compiled generate call (default: one round's)."}
+    )
+    prompt_multiple: int = field(default=64, metadata={"help": "Compiled generation: prompt width bucket."})
     # --- checkpoints and resume (SPEC §6) ---------------------------------------------------------
     checkpoint_steps: list[int] = field(default_factory=list, metadata={"help": "Steps saving stepNNN/."})
     checkpoint_every: int = field(default=0, metadata={"help": "Also save every N steps (0: off)."})
@@ -121,6 +130,8 @@ class CapGRPOConfig(GRPOConfig):
                 f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
                 f"process(es) × per_device_train_batch_size={self.per_device_train_batch_size}"
             )
+        if self.compiled_generation and (self.use_vllm or world > 1):
+            raise ConfigError("compiled_generation: one process generating with transformers only (no vLLM)")
         if self.problems_per_round % world:
             raise ConfigError(
                 f"problems_per_round={self.problems_per_round} must be divisible by {world} processes"
@@ -138,7 +149,7 @@ class CapGRPOConfig(GRPOConfig):
         """Our fields (and the TRL ones we depend on) checked before any model or file is touched."""
         positive = ("groups_per_step", "problems_per_round", "max_sampling_rounds", "max_completion_length",
                     "per_device_train_batch_size", "eval_batch_size", "fixed_samples", "heldout_samples",
-                    "grader_workers", "grader_memory_mb", "cpu_threads")  # fmt: skip
+                    "grader_workers", "grader_memory_mb", "cpu_threads", "prompt_multiple")  # fmt: skip
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -156,6 +167,8 @@ class CapGRPOConfig(GRPOConfig):
             )
         if bad := [s for s in self.checkpoint_steps if s <= 0]:
             raise ConfigError(f"checkpoint_steps: steps are numbered from 1, got {bad}")
+        if self.generation_rows is not None and self.generation_rows <= 0:
+            raise ConfigError(f"generation_rows: must be a positive integer, got {self.generation_rows!r}")
         if self.eval_cap is not None and self.eval_cap <= 0:
             raise ConfigError(f"eval_cap: must be a positive token count, got {self.eval_cap!r}")
         for name in ("temperature", "eval_temperature", "grader_timeout_s"):

@@ -15,13 +15,11 @@ import argparse
 import copy
 import functools
 import hashlib
-import importlib.util
 import json
 import os
 import sys
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,17 +31,16 @@ import transformers  # noqa: E402
 from accelerate import PartialState  # noqa: E402
 from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
-from data.atomic import write_atomic  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
+from rundir.files import summarize, write_eval  # noqa: E402  (the eval files' format lives there)
 from trainer import sharding  # noqa: E402
+from trainer.generation import BACKENDS, FixedShapes, compiled_config, eval_mode, generate_call  # noqa: E402
 
-ROW_FIELDS = tuple(
-    "step set task_id sample seed outcome answer reference completion_tokens cap completion".split()
-)
+PROMPT_MULTIPLE = 64  # compiled evaluation's prompt width bucket (the recipes' prompt_multiple default)
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
 
@@ -54,13 +51,16 @@ class EvalSpec:
     top_p: float = 1.0
     seed: int = 1234  # eval seed: every per-sample seed derives from it
     samples: Mapping[str, int] = field(default_factory=lambda: {FIXED: 8, HELDOUT: 1})
-    batch_size: int = 64  # transformers backend: part of what fixes the random stream
+    batch_size: int = 64  # transformers backends: part of what fixes the random stream
+    generation: str = "eager"  # the backend (trainer/generation.py): its rows differ from another's
 
     def __post_init__(self):
         if self.cap < 1 or self.batch_size < 1:
             raise ValueError(f"eval spec: cap and batch_size must be >= 1, got {self.cap}, {self.batch_size}")
         if not self.temperature > 0 or not 0 < self.top_p <= 1:
             raise ValueError(f"eval spec: need temperature > 0 and 0 < top_p <= 1, got {self}")
+        if self.generation not in BACKENDS:
+            raise ValueError(f"eval spec: generation must be one of {BACKENDS}, got {self.generation!r}")
         if any(n < 1 for n in self.samples.values()):
             raise ValueError(f"eval spec: samples per set must be >= 1, got {dict(self.samples)}")
 
@@ -73,6 +73,7 @@ class EvalSpec:
             "seed": self.seed,
             "samples": dict(self.samples),
             "batch_size": self.batch_size,
+            "generation": self.generation,
         }
 
     @classmethod
@@ -86,7 +87,13 @@ class EvalSpec:
             raise ValueError(f"{where}: 'eval' lacks {', '.join(missing)}")
         batch_size = ev.get("batch_size", (run.get("config") or {}).get("eval_batch_size", cls.batch_size))
         keys = ("cap", "temperature", "top_p", "seed")
-        return cls(**{k: ev[k] for k in keys}, samples=dict(ev["samples"]), batch_size=batch_size)
+        generation = ev.get("generation", "eager")  # run.json from before the compiled backend
+        return cls(
+            **{k: ev[k] for k in keys},
+            samples=dict(ev["samples"]),
+            batch_size=batch_size,
+            generation=generation,
+        )
 
 
 def _hash63(text: str) -> int:
@@ -115,7 +122,8 @@ def _cut(tokens: Sequence[int], eos: Sequence[int]) -> tuple[list[int], bool]:
 
 
 def _generate_transformers(model, pad_id: int, prompts, seeds, spec: EvalSpec, eos: list[int]):
-    """Left-padded fixed batches in the given order; each batch's stream is seeded from its members."""
+    """Left-padded fixed batches in the given order; each batch's stream is seeded from its members.
+    Compiled: the fixed shapes of trainer/generation.py (the last batch filled, widths bucketed)."""
     config = GenerationConfig(
         do_sample=True,
         temperature=spec.temperature,
@@ -130,16 +138,17 @@ def _generate_transformers(model, pad_id: int, prompts, seeds, spec: EvalSpec, e
         use_cache=True,
         disable_compile=True,
     )
+    compiled = spec.generation == "compiled"
+    shapes = FixedShapes(spec.batch_size, PROMPT_MULTIPLE if compiled else 1, spec.cap, fill_rows=compiled)
+    if compiled:
+        if model.device.type != "cuda":
+            raise ValueError("eval spec: generation 'compiled' runs on a CUDA device")
+        config = compiled_config(config, shapes, max(map(len, prompts)))
     out = []
     for start in range(0, len(prompts), spec.batch_size):
         batch, batch_seeds = prompts[start : start + spec.batch_size], seeds[start : start + spec.batch_size]
-        width = max(map(len, batch))
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in batch], device=model.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], device=model.device)
         torch.manual_seed(_hash63(",".join(map(str, batch_seeds))))
-        with torch.no_grad():
-            generated = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
-        out += [_cut(row, eos) for row in generated[:, width:].tolist()]
+        out += [_cut(row, eos) for row in generate_call(model, batch, config, shapes, pad_id)]
     return out
 
 
@@ -169,25 +178,15 @@ def _isolated(model) -> Iterator[None]:
     On CPU generation runs on one intra-op thread: float reductions then do not depend on the machine's
     core count (so another machine reproduces the rows), and small models run faster on shared cores.
     """
-    modes = [(m, m.training) for m in model.modules()] if model is not None else []
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     threads = torch.get_num_threads()
-    # accelerate's prepare() wraps forward on the instance (autocast, and every output upcast to fp32, the
-    # KV cache included); a checkpoint loads without it, so evaluation runs the class's own forward.
-    wrapped = model.__dict__.pop("forward", None) if model is not None else None
-    with torch.random.fork_rng(devices=devices):
-        if model is not None:
-            model.eval()
-            if model.device.type == "cpu":
-                torch.set_num_threads(1)
+    with torch.random.fork_rng(devices=devices), eval_mode(model):
+        if model is not None and model.device.type == "cpu":
+            torch.set_num_threads(1)
         try:
             yield
         finally:
             torch.set_num_threads(threads)
-            if wrapped is not None:
-                model.forward = wrapped
-            for module, training in modes:
-                module.training = training
 
 
 def generate_eval(
@@ -271,22 +270,6 @@ def run_eval(
 
 
 # --- summaries and files --------------------------------------------------------------------------
-def summarize(rows: Iterable[Mapping]) -> dict[str, dict]:
-    """Per set: accuracy = correct / non-indeterminate (None if nothing was gradeable), n, outcome counts."""
-    summary = {}
-    rows = list(rows)
-    for set_name in sorted({row["set"] for row in rows}):
-        counts = Counter(Outcome(row["outcome"]) for row in rows if row["set"] == set_name)
-        n = sum(counts.values())
-        gradeable = n - counts[Outcome.INDETERMINATE]
-        summary[set_name] = {
-            "accuracy": counts[Outcome.CORRECT] / gradeable if gradeable else None,
-            "n": n,
-            "outcomes": {o.value: counts[o] for o in Outcome},
-        }
-    return summary
-
-
 def log_metrics(summary: Mapping[str, Mapping]) -> dict[str, float]:
     """Flat Trainer-log keys: `eval/<set>/accuracy` and `eval/<set>/<outcome>` as a share of the rows."""
     logs = {}
@@ -295,46 +278,6 @@ def log_metrics(summary: Mapping[str, Mapping]) -> dict[str, float]:
             logs[f"eval/{set_name}/accuracy"] = s["accuracy"]
         logs.update({f"eval/{set_name}/{o}": c / s["n"] for o, c in s["outcomes"].items()})
     return logs
-
-
-def eval_path(run_dir, step: int, cap_suffix: int | None = None) -> Path:
-    suffix = "" if cap_suffix is None else f"_cap{cap_suffix:04d}"
-    return Path(run_dir) / "results" / f"eval_step{step:03d}{suffix}.jsonl"
-
-
-def write_eval(
-    run_dir, step: int, rows: Sequence[Mapping], cap_suffix: int | None = None, *, overwrite: bool = False
-) -> Path:
-    """Write the rows atomically; an existing file with the same bytes is kept.
-
-    An existing file with other rows is replaced only with `overwrite` (a resumed run redoing a step) and
-    only when its cap is the same: a file from another cap is never overwritten.
-    """
-    path = eval_path(run_dir, step, cap_suffix)
-    if not rows:
-        raise ValueError(f"{path}: no rows to write")
-    for row in rows:
-        missing = [k for k in ROW_FIELDS if k not in row]
-        if missing or row["step"] != step:
-            raise ValueError(
-                f"{path}: row {row.get('set')}/{row.get('task_id')}/{row.get('sample')} "
-                f"has step {row.get('step')!r} (want {step}) or lacks {missing}"
-            )
-    caps = {row["cap"] for row in rows}
-    if len(caps) != 1 or (cap_suffix is not None and caps != {cap_suffix}):
-        raise ValueError(f"{path}: rows have caps {sorted(caps)}; one cap matching the file name is required")
-    data = "".join(
-        json.dumps({k: row[k] for k in ROW_FIELDS}, ensure_ascii=False, allow_nan=False) + "\n"
-        for row in rows
-    ).encode()
-    if path.exists():
-        old = path.read_bytes()
-        if old == data:
-            return path
-        old_cap = json.loads(old.split(b"\n", 1)[0] or b"{}").get("cap")
-        if not overwrite or old_cap != rows[0]["cap"]:
-            raise FileExistsError(f"{path} exists with different rows (cap {old_cap}); not overwriting it")
-    return write_atomic(path, data)
 
 
 # --- during training ------------------------------------------------------------------------------
@@ -489,9 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, help="transformers backend; other values change the rows")
     parser.add_argument(
         "--backend",
-        choices=("auto", "transformers", "vllm"),
+        choices=("auto", *BACKENDS),
         default="auto",
-        help="auto: vLLM when installed and CUDA is available",
+        help="auto: the run's own (run.json eval.generation); another one only at another --cap",
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -505,20 +448,27 @@ def main(argv: list[str] | None = None) -> int:
             "top_p": args.top_p,
             "batch_size": args.batch_size,
         }
+        if args.backend != "auto":
+            overrides["generation"] = args.backend
         spec = replace(run_spec, **{k: v for k, v in overrides.items() if v is not None})
-        sampling = (spec.temperature, spec.top_p)
-        if spec.cap == run_spec.cap and sampling != (run_spec.temperature, run_spec.top_p):
+        sampling = (spec.temperature, spec.top_p, spec.generation)
+        if spec.cap == run_spec.cap and sampling != (
+            run_spec.temperature,
+            run_spec.top_p,
+            run_spec.generation,
+        ):
             raise ValueError(
-                "other sampling settings at the run's own cap would pass for its training-time "
-                "evaluation (eval_stepNNN.jsonl); evaluate them at another --cap"
+                f"{run_file}: other sampling settings or another backend (eval.generation "
+                f"{run_spec.generation!r}) at the run's own cap would pass for its training-time evaluation "
+                "(eval_stepNNN.jsonl); evaluate them at another --cap"
+            )
+        if spec.generation == "compiled" and not str(args.device).startswith("cuda"):
+            raise ValueError(
+                f"{run_file}: eval.generation 'compiled' needs a CUDA device (got {args.device})"
             )
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
         tasks_by_set = load_eval_tasks(run, args.run_dir)
-        use_vllm = args.backend == "vllm" or (
-            args.backend == "auto"
-            and importlib.util.find_spec("vllm") is not None
-            and torch.cuda.is_available()
-        )
+        use_vllm = spec.generation == "vllm"
         for step in steps:
             start = time.perf_counter()
             path = _checkpoint_dir(run, args.run_dir, step)

@@ -21,12 +21,14 @@ import torch
 from accelerate.utils import gather, gather_object
 from datasets import Dataset
 from trl import GRPOTrainer
+from trl.models import unwrap_model_for_generation
 
 from cards.card import write_run_card
 from cards.push import push
 from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
+from trainer import generation
 from trainer.checkpoint import import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
@@ -57,6 +59,12 @@ class CapGRPOTrainer(GRPOTrainer):
             **kwargs,
         )
         self.outcome_reward.eos_token_ids = frozenset(self.eos_token_ids)  # TRL adds the tokenizer's EOS
+        self.generation_shapes = None  # None: TRL's generation path
+        if generation.compiled_generation(args):
+            rows = args.generation_rows or args.problems_per_round * self.num_generations
+            self.generation_shapes = generation.FixedShapes(
+                rows, args.prompt_multiple, args.max_completion_length
+            )
         self.step_record: dict[str, Any] = {}
         self._pending_rollouts: list[tuple[list[int], Any]] | None = None
         self._step_logps: list[torch.Tensor] = []
@@ -72,7 +80,7 @@ class CapGRPOTrainer(GRPOTrainer):
         prompts = [prompt_messages(self.tasks[t]["problem"]) for t in mine for _ in range(G)]
         t0 = time.perf_counter()
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
-        completion_ids, logprobs = super()._generate_single_turn(prompt_ids, None, {}, G)
+        completion_ids, logprobs = self._generate_rollouts(prompt_ids, G)
         t1 = time.perf_counter()
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         answers = [self.tasks[t]["answer"] for t in mine for _ in range(G)]
@@ -96,6 +104,31 @@ class CapGRPOTrainer(GRPOTrainer):
             Group(t, [Outcome(r[2]) for r in rows[i * G : (i + 1) * G]], rows[i * G : (i + 1) * G])
             for i, t in enumerate(task_ids)
         ]
+
+    def _generate_rollouts(self, prompt_ids: list[list[int]], G: int) -> tuple[list[list[int]], Any]:
+        # TRL's transformers path decodes eagerly (it sets disable_compile); on one GPU we run the same
+        # model compiled at fixed shapes (trainer/generation.py), elsewhere TRL's own path (or vLLM).
+        if self.generation_shapes is None:
+            return super()._generate_single_turn(prompt_ids, None, {}, G)
+        shapes = self.generation_shapes
+        config = generation.compiled_config(self.generation_config, shapes, max(map(len, prompt_ids)))
+        pad = self.processing_class.pad_token_id
+        kwargs = self.args.gradient_checkpointing_kwargs
+        tokens = []
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped,
+                self.accelerator,
+                generation_kwargs=self.generation_kwargs,
+                gradient_checkpointing_kwargs=kwargs,
+            ) as model,
+            generation.eval_mode(model),
+        ):
+            for start in range(0, len(prompt_ids), shapes.rows):
+                tokens += generation.generate_call(
+                    model, prompt_ids[start : start + shapes.rows], config, shapes, pad
+                )
+        return [generation.cut_after_eos(t, self.eos_token_ids) for t in tokens], None
 
     def _select(self) -> tuple[list[Group], list[bool], Selection]:
         """Exactly groups_per_step groups: the qualifying ones, padded with loss-free copies if the bound hit."""

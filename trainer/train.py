@@ -27,6 +27,7 @@ from rewards.grader import GraderPool
 from trainer.checkpoint import CheckpointCallback, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
+from trainer.generation import compiled_generation
 from trainer.grpo import CapGRPOTrainer
 from trainer.run_dir import (
     RunDirError,
@@ -134,6 +135,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         seed=args.eval_seed,
         samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
         batch_size=args.eval_batch_size,
+        generation="compiled" if compiled_generation(args) else "eager",
     )
     main_process = args.process_index == 0
     if main_process and resume is None:

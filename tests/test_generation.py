@@ -1,0 +1,180 @@
+"""The fixed-shape generation path (trainer/generation.py) samples what eager generation samples.
+
+On a CPU transformers does not compile generation, so these tests run the fixed shapes (filled rows,
+bucketed widths) and the static cache eagerly; the compiled decode step is checked on a GPU by
+`test_compiled_greedy_equals_eager_on_cuda` (bench/generation.py measures its speed).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer, GenerationConfig, Qwen3_5ForConditionalGeneration
+from trl import GRPOTrainer
+
+from data.prompt import render_prompt
+from data.snapshot import load_snapshot
+from tests.scripted import STEP_ARGS, TextGrader, tiny_random_model
+from trainer import generation
+from trainer.config import CapGRPOConfig, ConfigError
+from trainer.evaluation import EvalSpec, generate_eval
+from trainer.grpo import CapGRPOTrainer
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "embedded" / "base"
+NEW = 24
+
+
+def greedy(**kw) -> GenerationConfig:
+    return GenerationConfig(do_sample=False, max_new_tokens=NEW, use_cache=True, disable_compile=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    model = Qwen3_5ForConditionalGeneration.from_pretrained(BASE, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(BASE)
+    tasks = load_snapshot(ROOT / "embedded" / "synthetic.tasks.json")
+    prompts = [
+        tok(render_prompt(tok, t["problem"]), add_special_tokens=False)["input_ids"]
+        for t in (tasks[i] for i in range(0, 700, 100))
+    ]
+    return model, tok, prompts
+
+
+def eager_one_by_one(model, prompts, config) -> list[list[int]]:
+    out = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        out.append(
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)[
+                0, len(p) :
+            ].tolist()
+        )
+    return out
+
+
+def test_shapes_round_widths_and_refuse_nonsense():
+    shapes = generation.FixedShapes(rows=8, prompt_multiple=64, max_new_tokens=10)
+    assert [shapes.width(n) for n in (1, 64, 65, 130)] == [64, 64, 128, 192]
+    with pytest.raises(ValueError, match="must be >= 1"):
+        generation.FixedShapes(rows=0, prompt_multiple=64, max_new_tokens=10)
+    config = generation.compiled_config(greedy(), shapes, longest_prompt=70)
+    assert (config.cache_implementation, config.max_cache_len, config.disable_compile) == (
+        "static",
+        138,
+        False,
+    )
+    assert config.compile_config.dynamic is False and greedy().disable_compile  # the input is left as it was
+
+
+def test_cut_after_eos_keeps_the_eos_like_trl():
+    assert generation.cut_after_eos([5, 6, 2, 7, 2], {2}) == [5, 6, 2]
+    assert generation.cut_after_eos([5, 6], {2}) == [5, 6]
+
+
+@pytest.mark.parametrize("which", ["embedded", "random"])
+def test_fixed_shapes_and_static_cache_give_the_eager_greedy_tokens(which, embedded):
+    if which == "embedded":
+        model, tok, prompts = embedded
+    else:
+        tok, model = tiny_random_model()
+        model = model.float().eval()
+        prompts = [tok(f"problem {i} " * (1 + i), add_special_tokens=False)["input_ids"] for i in range(5)]
+    pad = tok.pad_token_id
+    want = eager_one_by_one(model, prompts, greedy(pad_token_id=pad))
+    shapes = generation.FixedShapes(rows=4, prompt_multiple=16, max_new_tokens=NEW)
+    config = generation.compiled_config(greedy(pad_token_id=pad), shapes, max(map(len, prompts)))
+    got = []
+    for start in range(0, len(prompts), shapes.rows):  # the last call is filled with copies
+        got += generation.generate_call(model, prompts[start : start + shapes.rows], config, shapes, pad)
+    assert len(got) == len(prompts)
+    eos = {tok.eos_token_id}
+    assert [generation.cut_after_eos(g, eos) for g in got] == [generation.cut_after_eos(w, eos) for w in want]
+
+
+def test_eval_mode_restores_modes_and_accelerates_forward(embedded):
+    model = embedded[0]
+    model.train()
+    model.forward = lambda *a, **k: None  # what accelerate's prepare() leaves on the instance
+    with generation.eval_mode(model):
+        assert not any(m.training for m in model.modules()) and "forward" not in model.__dict__
+    assert all(m.training for m in model.modules()) and "forward" in model.__dict__
+    del model.forward
+    model.eval()
+
+
+def trainer_on(tmp_path, compiled: bool, **kw):
+    tok, model = tiny_random_model()
+    tasks = {f"p{i}": {"id": f"p{i}", "problem": f"problem {i} " * (1 + i), "answer": "1"} for i in range(3)}
+    from data.sampler import TaskSampler
+
+    args = CapGRPOConfig(
+        **dict(
+            STEP_ARGS, output_dir=str(tmp_path / "run"), groups_per_step=2, compiled_generation=compiled, **kw
+        )
+    )
+    return CapGRPOTrainer(
+        model.float(),
+        args,
+        tasks=tasks,
+        sampler=TaskSampler(sorted(tasks), seed=0),
+        grader=TextGrader(),
+        processing_class=tok,
+    )
+
+
+def test_trainer_rollouts_through_fixed_shapes_equal_trls_path(tmp_path):
+    trainer = trainer_on(tmp_path, True, generation_kwargs={"do_sample": False}, prompt_multiple=16)
+    assert trainer.generation_shapes.rows == 2 * STEP_ARGS["num_generations"]  # one round's rollouts
+    prompts = [[{"role": "user", "content": f"problem {i} " * (1 + i)}] for i in range(3) for _ in range(2)]
+    prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+    ours, logprobs = trainer._generate_rollouts(prompt_ids, 2)
+    trls, _ = GRPOTrainer._generate_single_turn(trainer, prompt_ids, None, {}, 2)
+    assert logprobs is None and ours == trls
+    assert trainer.model.training  # the training mode is back after generation
+
+
+def test_trainer_default_on_cpu_is_trls_path(tmp_path):
+    assert trainer_on(tmp_path, None).generation_shapes is None
+
+
+def test_config_refuses_compiled_generation_with_vllm_or_processes(monkeypatch, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="compiled_generation"):
+        CapGRPOConfig(
+            **{k: v for k, v in STEP_ARGS.items() if k != "per_device_train_batch_size"}
+            | dict(output_dir=str(tmp_path), groups_per_step=2, compiled_generation=True),
+            per_device_train_batch_size=4,
+        )
+
+
+def test_eval_spec_records_its_backend(embedded):
+    spec = EvalSpec(cap=8, samples={"s": 1}, generation="compiled")
+    assert EvalSpec.from_run({"eval": spec.to_json()}) == spec
+    old = {k: v for k, v in spec.to_json().items() if k != "generation"}
+    assert EvalSpec.from_run({"eval": old}).generation == "eager"  # run.json from before the field
+    with pytest.raises(ValueError, match="generation must be one of"):
+        EvalSpec(generation="fast")
+    model, tok, _ = embedded
+    task = [{"id": "t", "problem": "1+1", "answer": "2"}]
+    with pytest.raises(ValueError, match="'compiled' runs on a CUDA device"):
+        generate_eval(model, tok, task, spec, "s", grade_fn=TextGrader().grade_batch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled decode step runs on CUDA only")
+def test_compiled_greedy_equals_eager_on_cuda(embedded):
+    model, tok, prompts = embedded
+    model = model.cuda()
+    pad = tok.pad_token_id
+    want = eager_one_by_one(model, prompts, greedy(pad_token_id=pad))
+    shapes = generation.FixedShapes(rows=4, prompt_multiple=64, max_new_tokens=NEW)
+    config = generation.compiled_config(greedy(pad_token_id=pad), shapes, max(map(len, prompts)))
+    for _ in range(2):  # the second pass replays the captured graphs
+        got = []
+        for start in range(0, len(prompts), shapes.rows):
+            got += generation.generate_call(model, prompts[start : start + shapes.rows], config, shapes, pad)
+        eos = {tok.eos_token_id}
+        assert [generation.cut_after_eos(g, eos) for g in got] == [
+            generation.cut_after_eos(w, eos) for w in want
+        ]
+    model.cpu()

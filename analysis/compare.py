@@ -30,8 +30,7 @@ import re
 import statistics
 import sys
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
@@ -49,10 +48,8 @@ from analysis.stats import (
     sign_flip_test,
 )
 from rewards.outcome import Outcome
+from rundir.files import Run, RunFileError, Sample, SetScore, Table, pct
 
-EVAL_FILE = re.compile(r"eval_step(\d{3,})\.jsonl")
-ROW_FIELDS = ("step", "set", "task_id", "sample", "seed", "outcome", "completion_tokens", "cap")
-RUN_FIELDS = ("arm", "policy_id", "gate", "grader_version", "eval_sets", "eval")
 PRIMARY_SET = "heldout300"  # SPEC §5's held-out set: the primary comparison when present
 
 # run.json config fields that may differ between the runs of one comparison (docs/compare.md):
@@ -77,172 +74,47 @@ PLACE_FIELDS = (  # where the run was written and how it reported, not what it t
 )
 
 
-class CompareError(ValueError):
+class CompareError(RunFileError):
     """The runs cannot be compared as asked; the message says which run, file, step or set."""
 
 
 # --- loading and validation -----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Sample:
-    outcome: Outcome
-    tokens: int
-    seed: int
-    cap: int
-
-
-Table = dict[str, dict[tuple[str, int], Sample]]  # eval set -> (task_id, sample index) -> graded sample
-
-
-@dataclass
-class Run:
-    path: Path
-    meta: dict  # run.json
-    steps: list[dict]  # steps.jsonl rows, by step
-    eval_files: dict[int, Path]  # step -> results/eval_stepNNN.jsonl
-    _tables: dict[int, Table] = field(default_factory=dict, repr=False)
-
-    @property
-    def arm(self) -> str:
-        return self.meta["arm"]
-
-    @property
-    def seed(self) -> int | None:
-        """The training seed (run.json config.seed); None when run.json has no config."""
-        return (self.meta.get("config") or {}).get("seed")
-
-    @property
-    def sets(self) -> list[str]:
-        return sorted(self.meta["eval_sets"])
-
-    def samples(self, name: str) -> int:
-        return self.meta["eval"]["samples"][name]
-
-    def table(self, step: int) -> Table:
-        """Validated eval rows of one step (read once)."""
-        if step not in self.eval_files:
-            steps = ", ".join(map(str, sorted(self.eval_files)))
-            raise CompareError(
-                f"run {self.path}: step {step} was not evaluated (no results/eval_step{step:03d}.jsonl); "
-                f"evaluated steps: {steps}"
-            )
-        if step not in self._tables:
-            self._tables[step] = _read_eval(self, step)
-        return self._tables[step]
-
-
 def load_run(path: str | Path) -> Run:
-    path = Path(path)
-    meta_path = path / "run.json"
-    if not meta_path.is_file():
-        raise CompareError(f"{path}: not a run directory (no run.json)")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as e:
-        raise CompareError(f"{meta_path}: not valid JSON ({e})") from None
-    missing = [f for f in RUN_FIELDS if f not in meta]
-    if missing:
-        raise CompareError(f"{meta_path}: missing field(s) {', '.join(missing)}")
-    for name, ids in meta["eval_sets"].items():
-        if name not in meta["eval"].get("samples", {}):
+    """A run to compare: run.json with its eval sets, steps.jsonl, and at least one training-cap eval file.
+    Rows are validated when a step is first compared (`Run.table`)."""
+    run = Run(path)
+    meta_path = run.dir / "run.json"
+    if "eval_sets" not in run.meta:
+        raise CompareError(f"{meta_path}: missing field(s) eval_sets")
+    for name, ids in run.meta["eval_sets"].items():
+        if name not in run.meta["eval"].get("samples", {}):
             raise CompareError(f"{meta_path}: eval.samples has no entry for eval set {name}")
         if len(set(ids)) != len(ids):
             raise CompareError(f"{meta_path}: eval_sets.{name} lists a task id more than once")
-
-    steps_path = path / "results" / "steps.jsonl"
-    if not steps_path.is_file():
-        raise CompareError(f"run {path}: no results/steps.jsonl")
-    steps: dict[int, dict] = {}
-    for line, row in _read_jsonl(steps_path):
-        if "step" not in row:
-            raise CompareError(f"{steps_path}:{line}: row has no 'step'")
-        if row["step"] in steps:
-            raise CompareError(f"{steps_path}:{line}: duplicate row for step {row['step']}")
-        steps[row["step"]] = row
-
-    eval_files: dict[int, Path] = {}
-    for file in sorted((path / "results").glob("eval_step*.jsonl")):
-        if m := EVAL_FILE.fullmatch(file.name):
-            step = int(m[1])
-            if step in eval_files:
-                raise CompareError(
-                    f"run {path}: two eval files for step {step}: {eval_files[step].name}, {file.name}"
-                )
-            eval_files[step] = file
-    if not eval_files:
-        raise CompareError(f"run {path}: no results/eval_stepNNN.jsonl")
-    return Run(path, meta, [steps[s] for s in sorted(steps)], eval_files)
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with path.open() as f:
-        for line, text in enumerate(f, 1):
-            if text.strip():
-                try:
-                    yield line, json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise CompareError(f"{path}:{line}: not valid JSON ({e.msg})") from None
-
-
-def _read_eval(run: Run, step: int) -> Table:
-    path = run.eval_files[step]
-    table: Table = {name: {} for name in run.sets}
-    for line, row in _read_jsonl(path):
-        where = f"{path}:{line}"
-        missing = [f for f in ROW_FIELDS if f not in row]
-        if missing:
-            raise CompareError(f"{where}: row lacks field(s) {', '.join(missing)}")
-        if row["step"] != step:
-            raise CompareError(f"{where}: row says step {row['step']} in the file of step {step}")
-        if row["set"] not in table:
-            raise CompareError(
-                f"{where}: eval set {row['set']!r} is not in {run.path / 'run.json'} eval_sets"
-            )
-        try:
-            outcome = Outcome(row["outcome"])
-        except ValueError:
-            raise CompareError(f"{where}: unknown outcome {row['outcome']!r}") from None
-        rows, key = table[row["set"]], (row["task_id"], row["sample"])
-        if key in rows:
-            raise CompareError(
-                f"{where}: duplicate row in run {run.path}: set {row['set']}, task {key[0]}, sample {key[1]}"
-            )
-        rows[key] = Sample(outcome, int(row["completion_tokens"]), row["seed"], row["cap"])
-    for name, rows in table.items():
-        _check_complete(run, path, name, rows)
-    return table
-
-
-def _check_complete(run: Run, path: Path, name: str, rows: dict) -> None:
-    """The rows must be exactly run.json's task ids × samples per problem: the pairing relies on it."""
-    ids, n = run.meta["eval_sets"][name], run.samples(name)
-    expected = {(t, i) for t in ids for i in range(n)}
-    if set(rows) == expected:
-        return
-    lacking, extra = sorted(expected - set(rows)), sorted(set(rows) - expected)
-    detail = [f"{len(lacking)} missing (e.g. task {lacking[0][0]} sample {lacking[0][1]})"] if lacking else []
-    detail += [f"{len(extra)} unexpected (e.g. task {extra[0][0]} sample {extra[0][1]})"] if extra else []
-    raise CompareError(
-        f"{path}: set {name} does not hold run.json's {len(ids)} task ids × {n} samples per problem: "
-        + "; ".join(detail)
-    )
+    if not (run.dir / "results" / "steps.jsonl").is_file():
+        raise CompareError(f"run {run.dir}: no results/steps.jsonl")
+    run.steps  # noqa: B018  (read now: a malformed steps.jsonl is refused before any statistics)
+    if not run.evaluated():
+        raise CompareError(f"run {run.dir}: no results/eval_stepNNN.jsonl")
+    return run
 
 
 def check_comparable(a: Run, b: Run) -> None:
     """Same eval sets, task ids and samples per problem in both runs, or refuse."""
     if a.sets != b.sets:
-        raise CompareError(f"eval sets differ: run {a.path} has {a.sets}, run {b.path} has {b.sets}")
+        raise CompareError(f"eval sets differ: run {a.dir} has {a.sets}, run {b.dir} has {b.sets}")
     for name in a.sets:
         ids_a, ids_b = set(a.meta["eval_sets"][name]), set(b.meta["eval_sets"][name])
         if ids_a != ids_b:
             only_a, only_b = sorted(ids_a - ids_b), sorted(ids_b - ids_a)
             raise CompareError(
-                f"set {name}: task ids differ between runs: {len(only_a)} only in {a.path} {only_a[:3]}, "
-                f"{len(only_b)} only in {b.path} {only_b[:3]}"
+                f"set {name}: task ids differ between runs: {len(only_a)} only in {a.dir} {only_a[:3]}, "
+                f"{len(only_b)} only in {b.dir} {only_b[:3]}"
             )
         if a.samples(name) != b.samples(name):
             raise CompareError(
-                f"set {name}: samples per problem differ: {a.samples(name)} in run {a.path}, "
-                f"{b.samples(name)} in run {b.path}"
+                f"set {name}: samples per problem differ: {a.samples(name)} in run {a.dir}, "
+                f"{b.samples(name)} in run {b.dir}"
             )
 
 
@@ -296,32 +168,32 @@ class Side:
 
 def common_steps(runs: list[Run]) -> list[int]:
     """Steps evaluated in every one of the runs."""
-    return sorted(set.intersection(*(set(r.eval_files) for r in runs)))
+    return sorted(set.intersection(*(set(r.evaluated()) for r in runs)))
 
 
 def load_side(label: str, spec, step: int | None) -> Side:
     runs = [load_run(p) for p in expand_runs(spec)]
     arms = sorted({r.arm for r in runs})
     if len(arms) > 1:
-        listing = ", ".join(f"{r.path} ({r.arm})" for r in runs)
+        listing = ", ".join(f"{r.dir} ({r.arm})" for r in runs)
         raise CompareError(f"{label} mixes arms {', '.join(arms)}: {listing}")
     if len(runs) > 1:
         by_seed: dict[int, Run] = {}
         for r in runs:
             if r.seed is None:
                 raise CompareError(
-                    f"{r.path / 'run.json'}: no config.seed, so the run cannot be paired by training seed"
+                    f"{r.dir / 'run.json'}: no config.seed, so the run cannot be paired by training seed"
                 )
             if r.seed in by_seed:
                 raise CompareError(
-                    f"{label}: training seed {r.seed} appears twice: {by_seed[r.seed].path} and {r.path}"
+                    f"{label}: training seed {r.seed} appears twice: {by_seed[r.seed].dir} and {r.dir}"
                 )
             by_seed[r.seed] = r
         runs = [by_seed[s] for s in sorted(by_seed)]
     if step is None:
         if not (common := common_steps(runs)):
             raise CompareError(
-                f"{label}: no step is evaluated in every run ({', '.join(str(r.path) for r in runs)})"
+                f"{label}: no step is evaluated in every run ({', '.join(str(r.dir) for r in runs)})"
             )
         step = common[-1]
     for r in runs:
@@ -349,7 +221,7 @@ def recipe_differences(a: Side, b: Side) -> list[tuple[str, str]]:
     def note(ref: Run, other: Run, skip: set[str]) -> None:
         for key, (x, y) in _recipe_pairs(ref, other).items():
             if key not in skip and x != y:
-                found.setdefault(key, {}).update({ref.path: x, other.path: y})
+                found.setdefault(key, {}).update({ref.dir: x, other.dir: y})
 
     skip = set(SEED_FIELDS) | set(PLACE_FIELDS)
     for side in (a, b):  # each run of an arm against the arm's first...
@@ -378,30 +250,13 @@ def _short(x) -> str:
 
 
 # --- statistics on eval rows ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class SetAccuracy:
-    counts: dict[Outcome, int]
-
-    @property
-    def graded(self) -> int:
-        return sum(self.counts.values()) - self.counts[Outcome.INDETERMINATE]
-
-    @property
-    def accuracy(self) -> float:
-        return self.rate(Outcome.CORRECT)
-
-    def rate(self, outcome: Outcome) -> float:
-        """Share of graded (non-indeterminate) samples; NaN when nothing was graded."""
-        return self.counts[outcome] / self.graded if self.graded else math.nan
-
-    def cell(self) -> str:
-        return f"{_pct(self.accuracy)} ({self.counts[Outcome.CORRECT]}/{self.graded})"
-
-
-def set_accuracy(*tables: dict[tuple[str, int], Sample]) -> SetAccuracy:
+def set_accuracy(*tables: dict[tuple[str, int], Sample]) -> SetScore:
     """Outcome counts over the rows of one eval set, summed over the tables given (e.g. one per seed)."""
-    counts = Counter(s.outcome for rows in tables for s in rows.values())
-    return SetAccuracy({o: counts[o] for o in Outcome})
+    return SetScore.of(s.outcome for rows in tables for s in rows.values())
+
+
+def _cell(score: SetScore) -> str:
+    return f"{pct(score.accuracy)} ({score.outcomes[Outcome.CORRECT]}/{score.graded})"
 
 
 Pairs = list[tuple[dict, dict]]  # (rows of A, rows of B) of one eval set, one entry per seed pair
@@ -411,8 +266,8 @@ Pairs = list[tuple[dict, dict]]  # (rows of A, rows of B) of one eval set, one e
 class PairedDiff:
     """A − B per problem, in percentage points, with the sign-flip test of its mean."""
 
-    accuracy_a: SetAccuracy  # own denominator: every graded sample of A (all seeds)
-    accuracy_b: SetAccuracy
+    accuracy_a: SetScore  # own denominator: every graded sample of A (all seeds)
+    accuracy_b: SetScore
     paired_a: float  # mean over the paired problems of A's correct share among the pairs kept
     paired_b: float
     n_dropped: int  # problems without a pair graded in both
@@ -534,7 +389,7 @@ def peak_decline(
             [(r.table(step)[name], r.table(peak)[name]) for r in runs], n_resamples=n_resamples, seed=seed
         )
     except CompareError as e:
-        where = ", ".join(str(r.path) for r in runs)
+        where = ", ".join(str(r.dir) for r in runs)
         raise CompareError(f"run {where}, set {name}, steps {peak} and {step}: {e}") from None
     return PeakDecline(peak, step, steps, change, test)
 
@@ -570,7 +425,7 @@ def _step_series(run: Run, key: str, steps: list[int], optional: bool = False) -
         if key not in row and optional:
             continue
         if key not in row:
-            raise CompareError(f"{run.path / 'results/steps.jsonl'}: step {row['step']} has no '{key}'")
+            raise CompareError(f"{run.dir / 'results/steps.jsonl'}: step {row['step']} has no '{key}'")
         by_step[row["step"]] = math.nan if row[key] is None else float(row[key])
     return [by_step.get(s, math.nan) for s in steps]
 
@@ -650,8 +505,8 @@ class Comparison:
         rows = [
             [
                 f"{name} (primary)" if name == self.primary else name,
-                d.accuracy_a.cell(),
-                d.accuracy_b.cell(),
+                _cell(d.accuracy_a),
+                _cell(d.accuracy_b),
                 f"{d.test.mean_diff:+.1f}",
                 f"{d.test.n} ({d.test.n_nonzero})",
                 _p(d.test),
@@ -680,7 +535,7 @@ class Comparison:
                 notes.append(
                     f"**{name}**: the accuracies above use each arm's own denominator and differ by "
                     f"{d.own_diff_pp:+.1f} pp; the paired difference uses the {d.pairs} sample pairs graded in "
-                    f"both arms ({d.test.n} problems), where A is {_pct(d.paired_a)} and B {_pct(d.paired_b)}: "
+                    f"both arms ({d.test.n} problems), where A is {pct(d.paired_a)} and B {pct(d.paired_b)}: "
                     f"{d.test.mean_diff:+.1f} pp."
                 )
             if d.pairs_dropped or d.n_dropped:
@@ -726,7 +581,7 @@ def compare_runs(
         try:
             return pooled_difference(pairs_of(name, chosen), **kw)
         except CompareError as e:
-            where = "; ".join(f"{ra.path} step {a.step} vs {rb.path} step {b.step}" for ra, rb in chosen)
+            where = "; ".join(f"{ra.dir} step {a.step} vs {rb.dir} step {b.step}" for ra, rb in chosen)
             raise CompareError(f"set {name}, {where}: {e}") from None
 
     paired = {name: diff(name, seed_pairs) for name in sets}
@@ -762,7 +617,7 @@ def compare_runs(
 def _recipe_check(a: Side, b: Side, allow: tuple[str, ...]) -> list[str]:
     """Refuse recipes that differ beyond seed, arm and place; allowed fields become warnings."""
     notes = [
-        f"{r.path / 'run.json'} has no config: its recipe could not be compared with the others'"
+        f"{r.dir / 'run.json'} has no config: its recipe could not be compared with the others'"
         for r in [*a.runs, *b.runs]
         if not r.meta.get("config")
     ]
@@ -781,16 +636,16 @@ def _same_run(a: Side, b: Side) -> list[str]:
     notes = []
     for ra in a.runs:
         for rb in b.runs:
-            if ra.path.resolve() != rb.path.resolve():
+            if ra.dir.resolve() != rb.dir.resolve():
                 continue
             if a.step == b.step:
                 notes.append(
-                    f"A and B are the same run ({ra.path}) at the same step {a.step}: every difference is "
+                    f"A and B are the same run ({ra.dir}) at the same step {a.step}: every difference is "
                     "zero by construction and p = 1 says nothing about the arms"
                 )
             else:
                 notes.append(
-                    f"A and B are the same run ({ra.path}), at steps {a.step} and {b.step}: this compares two "
+                    f"A and B are the same run ({ra.dir}), at steps {a.step} and {b.step}: this compares two "
                     "steps of one run, not two arms"
                 )
     return notes
@@ -830,7 +685,7 @@ def _seed_warnings(side: Side) -> list[str]:
         n = sum(first[s][k].seed != t[s][k].seed for s in first for k in first[s])
         if n:
             notes.append(
-                f"{side.label}: {n} eval samples of {r.path} were drawn with other seeds than in {side.runs[0].path}"
+                f"{side.label}: {n} eval samples of {r.dir} were drawn with other seeds than in {side.runs[0].dir}"
             )
     return notes
 
@@ -915,7 +770,7 @@ def render_report(c: Comparison, seed: int) -> str:
     for side in (a, b):
         for run in side.runs:
             tag = f", seed {run.seed}" if k > 1 else ""
-            out += [f"**{side.label}: {run.arm}{tag}** (`{run.path}`)", "", _accuracy_table(run), ""]
+            out += [f"**{side.label}: {run.arm}{tag}** (`{run.dir}`)", "", _accuracy_table(run), ""]
     out += ["## Trajectories", ""]
     if k > 1:
         out += [f"Lines: the mean over the {k} seeds; bands: the lowest to the highest seed.", ""]
@@ -961,8 +816,8 @@ def _seed_sections(c: Comparison) -> list[str]:
                 [
                     str(s),
                     name,
-                    d.accuracy_a.cell(),
-                    d.accuracy_b.cell(),
+                    _cell(d.accuracy_a),
+                    _cell(d.accuracy_b),
                     f"{d.test.mean_diff:+.1f}",
                     f"{d.test.n} ({d.test.n_nonzero})",
                     _p(d.test),
@@ -1014,7 +869,7 @@ def _setup_rows(c: Comparison) -> list[list[str]]:
         return [title, *("<br>".join(sorted({str(fn(r)) for r in side.runs})) for side in sides)]
 
     return [
-        ["run directory", *("<br>".join(f"`{r.path.resolve()}`" for r in side.runs) for side in sides)],
+        ["run directory", *("<br>".join(f"`{r.dir.resolve()}`" for r in side.runs) for side in sides)],
         row("arm", lambda r: r.arm),
         ["training seeds", *(", ".join(map(str, side.seeds)) for side in sides)],
         row("policy", lambda r: f"`{r.meta['policy_id']}`"),
@@ -1044,8 +899,8 @@ def _peak_table(c: Comparison) -> str:
                 [
                     f"{side.label}: {side.arm}",
                     name,
-                    f"{pd.peak_step} ({_pct(acc[t.peak])})",
-                    f"{pd.step} ({_pct(acc[-1])})",
+                    f"{pd.peak_step} ({pct(acc[t.peak])})",
+                    f"{pd.step} ({pct(acc[-1])})",
                     f"{pd.decline_pp:+.1f}",
                     f"{pd.change.test.mean_diff:+.1f} ({pd.change.test.n})",
                     format_p(t.p_value, t.method, t.n_resamples, tails=1),
@@ -1066,10 +921,10 @@ def _peak_table(c: Comparison) -> str:
 
 def _accuracy_table(run: Run) -> str:
     rows = []
-    for step in sorted(run.eval_files):
+    for step in run.evaluated():
         accs = [set_accuracy(run.table(step)[n]) for n in run.sets]
         rows.append(
-            [str(step), *(x for acc in accs for x in (acc.cell(), str(acc.counts[Outcome.INDETERMINATE])))]
+            [str(step), *(x for acc in accs for x in (_cell(acc), str(acc.outcomes[Outcome.INDETERMINATE])))]
         )
     return _table(["step", *(h for n in run.sets for h in (f"{n} accuracy", f"{n} indeterminate"))], rows)
 
@@ -1081,10 +936,6 @@ def _table(heads: list[str], rows: list[list[str]]) -> str:
 
 def _kv(d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
-
-
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
 def _p(t: SignFlipResult) -> str:
@@ -1137,7 +988,7 @@ def main(argv: list[str] | None = None) -> int:
             primary=args.primary,
             allow_recipe=tuple(args.allow_recipe_difference),
         )
-    except CompareError as e:
+    except RunFileError as e:  # CompareError, or a run file that breaks the contract
         print(f"compare refused: {e}", file=sys.stderr)
         return 2
     print(c.headline())

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("trainer", "data", "rewards", "cards", "analysis")
 RECIPE = "configs/embedded/S2.yaml"
 sys.path.insert(0, str(REPO))
-from trainer.run_dir import read_jsonl  # noqa: E402
+from rundir.files import read_jsonl  # noqa: E402
 from trainer.state_shard import load_state  # noqa: E402
 
 # The embedded S2 recipe at a size a shared 2-core CPU runs in a couple of minutes.

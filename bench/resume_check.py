@@ -22,7 +22,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from trainer.run_dir import read_jsonl  # noqa: E402
+from rundir.files import read_jsonl  # noqa: E402
 
 
 def descendants(pid: int) -> list[int]:

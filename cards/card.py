@@ -10,20 +10,19 @@ the list of stepNNN/ and stateNNN/ directories (docs/CONTRACTS.md). Hub metadata
 import argparse
 import json
 import logging
-import math
 import os
 import re
-import statistics
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import TrainerCallback
 
+from analysis.stats import format_p
 from data.prompt import SYSTEM_PROMPT
 from rewards.outcome import Outcome
+from rundir.files import STEP_DIR, Run, RunFileError, SetScore, pct
 from trainer.arms import (
     ALL_ARMS,
     ALL_POLICIES,
@@ -40,13 +39,8 @@ logger = logging.getLogger(__name__)
 
 CONTROL_ARM = "S0"
 CONTROL_KEY = "capgrpo_control"  # run-card metadata: the control run, relative to the run dir
-STEP_DIR = re.compile(r"step(\d{3,})")
-STATE_DIR = re.compile(r"state(\d{3,})")
-EVAL_FILE = re.compile(r"eval_step(\d{3,})(?:_cap(\d+))?\.jsonl")
 N_RESAMPLES = 100_000  # Monte Carlo sign patterns, as `make compare` uses by default
 BASE_FILES = ("README.md", ".gitattributes")  # what the seed's save copied from the base model dir
-ROW_FIELDS = ("step", "set", "task_id", "sample", "outcome", "cap")
-OUTCOMES = frozenset(o.value for o in Outcome)
 FAILURES = (Outcome.WRONG, Outcome.TRUNCATED, Outcome.FORMAT_REJECTED, Outcome.INDETERMINATE)
 
 CITATIONS = """Cite GRPO as:
@@ -82,159 +76,26 @@ _templates = jinja2.Environment(
 )
 
 
-# --- reading a run directory ----------------------------------------------------------------------------
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
-    return rows
+# --- the run, as the cards read it ------------------------------------------------------------------
+def read_run(run_dir: Path | str) -> Run:
+    """The run directory, with what a card needs beyond the contract: the base model and a known policy."""
+    run = Run(run_dir)
+    if "base_model" not in run.meta:
+        raise RunFileError(f"{run.dir / 'run.json'}: missing field 'base_model'")
+    if run.policy_id not in ALL_POLICIES:
+        known = sorted(ALL_POLICIES)
+        raise RunFileError(f"{run.dir / 'run.json'}: unknown policy_id {run.policy_id!r}; known: {known}")
+    return run
 
 
-@dataclass(frozen=True)
-class SetScore:
-    """One eval set at one step and cap, summarised from its per-sample rows."""
-
-    name: str
-    step: int
-    cap: int
-    outcomes: dict[str, int]  # every Outcome value, 0 when absent
-    problems: int
-    median_tokens: float | None
-
-    @property
-    def graded(self) -> int:
-        """Denominator of accuracy: indeterminate samples are excluded (SPEC §2)."""
-        return sum(self.outcomes.values()) - self.outcomes[Outcome.INDETERMINATE]
-
-    @property
-    def accuracy(self) -> float:
-        return self.outcomes[Outcome.CORRECT] / self.graded if self.graded else math.nan
-
-    @property
-    def samples(self) -> int:
-        return sum(self.outcomes.values()) // max(self.problems, 1)
-
-
-def _score(name: str, step: int, cap: int, rows: list[dict]) -> SetScore:
-    counts = Counter(r["outcome"] for r in rows)
-    tokens = [r["completion_tokens"] for r in rows if isinstance(r.get("completion_tokens"), int)]
-    return SetScore(
-        name=name,
-        step=step,
-        cap=cap,
-        outcomes={o.value: counts.get(o.value, 0) for o in Outcome},
-        problems=len({r["task_id"] for r in rows}),
-        median_tokens=statistics.median(tokens) if tokens else None,
-    )
-
-
-class Run:
-    """What the cards need from `runs/<arm>/`, read once; eval rows are re-read on demand (they are large)."""
-
-    def __init__(self, run_dir: Path | str):
-        self.dir = Path(run_dir)
-        meta_path = self.dir / "run.json"
-        if not meta_path.is_file():
-            raise FileNotFoundError(f"{meta_path}: no run.json (is {self.dir} a run directory?)")
-        self.meta = json.loads(meta_path.read_text())
-        for key in ("arm", "policy_id", "gate", "grader_version", "base_model", "eval"):
-            if key not in self.meta:
-                raise ValueError(f"{meta_path}: missing field {key!r}")
-        if self.policy_id not in ALL_POLICIES:
-            known = sorted(ALL_POLICIES)
-            raise ValueError(f"{meta_path}: unknown policy_id {self.policy_id!r}; known: {known}")
-        self.saved = self._numbered(STEP_DIR)
-        self.states = self._numbered(STATE_DIR)
-        steps_path = self.dir / "results" / "steps.jsonl"
-        self.steps = _read_jsonl(steps_path) if steps_path.is_file() else []
-        self.eval_files: dict[tuple[int, int], Path] = {}
-        self.scores: dict[tuple[int, int], dict[str, SetScore]] = {}
-        for path in sorted((self.dir / "results").glob("eval_step*.jsonl")):
-            if m := EVAL_FILE.fullmatch(path.name):
-                self._load_eval(path, int(m[1]), int(m[2]) if m[2] else None)
-
-    def _numbered(self, pattern: re.Pattern) -> list[int]:
-        return sorted(
-            int(m[1]) for p in self.dir.iterdir() if p.is_dir() and (m := pattern.fullmatch(p.name))
-        )
-
-    def _load_eval(self, path: Path, step: int, cap: int | None) -> None:
-        rows = _read_jsonl(path)
-        for i, r in enumerate(rows, 1):
-            if missing := [f for f in ROW_FIELDS if f not in r]:
-                raise ValueError(f"{path}:{i}: missing field(s) {missing}")
-            if r["outcome"] not in OUTCOMES:
-                raise ValueError(f"{path}:{i}: unknown outcome {r['outcome']!r}")
-            if r["step"] != step or (cap is not None and r["cap"] != cap):
-                raise ValueError(
-                    f"{path}:{i}: row step/cap {r['step']}/{r['cap']} disagree with the file name"
-                )
-        caps = {r["cap"] for r in rows}
-        if len(caps) > 1:
-            raise ValueError(f"{path}: rows at several caps {sorted(caps)}")
-        key = (step, caps.pop() if caps else cap or self.eval_cap)
-        self.eval_files[key] = path
-        sets = sorted({r["set"] for r in rows})
-        self.scores[key] = {s: _score(s, step, key[1], [r for r in rows if r["set"] == s]) for s in sets}
-
-    # --- run.json fields ----------------------------------------------------------------------------
-    arm = property(lambda self: self.meta["arm"])
-    policy_id = property(lambda self: self.meta["policy_id"])
-    gate = property(lambda self: self.meta["gate"])
-    eval_cap = property(lambda self: self.meta["eval"]["cap"])
-
-    @property
-    def policy(self) -> CapPolicy:
-        """The policy as trained: the recorded arm's, with the policy_params of its recipe's `arms:`."""
-        extra = self.meta.get("config", {}).get("arms")
-        try:
-            arm = resolve_arm(self.arm, json.loads(extra) if isinstance(extra, str) else extra)
-        except (ValueError, TypeError):  # an arm this version no longer defines: the bare policy
-            return ALL_POLICIES[self.policy_id]
-        return arm.policy if arm.policy_id == self.policy_id else ALL_POLICIES[self.policy_id]
-
-    @property
-    def groups_per_step(self) -> int | None:
-        return self.meta.get("groups_per_step")
-
-    @property
-    def rank_set(self) -> str:
-        """The set that picks the best checkpoint: run.json's best_step.set, else heldout300."""
-        return (self.meta.get("best_step") or {}).get("set", "heldout300")
-
-    @property
-    def last_step(self) -> int:
-        trained = [r["step"] for r in self.steps]
-        return max(trained + self.saved + [s for s, _ in self.scores] or [0])
-
-    def evaluated(self, cap: int | None = None) -> list[int]:
-        cap = cap or self.eval_cap
-        return sorted(s for s, c in self.scores if c == cap)
-
-    def score(self, step: int, name: str, cap: int | None = None) -> SetScore | None:
-        return self.scores.get((step, cap or self.eval_cap), {}).get(name)
-
-    @property
-    def resumable(self) -> list[int]:
-        """Steps with both stepNNN/ and stateNNN/: where `--resume` can continue exactly."""
-        return [s for s in self.states if s in self.saved]
-
-    def ranking(self) -> list[tuple[int, float]]:
-        """Saved checkpoints with a rank-set eval at the run's eval cap, best first (ties: earlier step first)."""
-        scored = [(s, sc.accuracy) for s in self.saved if (sc := self.score(s, self.rank_set))]
-        return sorted(scored, key=lambda t: (-t[1], t[0]))
-
-    def architecture(self, step: int) -> str:
-        config = self.dir / f"step{step:03d}" / "config.json"
-        if config.is_file() and (archs := json.loads(config.read_text()).get("architectures")):
-            return archs[0]
-        if arch := self.meta.get("architecture"):
-            return arch
-        raise ValueError(f"{config}: no `architectures`, and {self.dir / 'run.json'} has no `architecture`")
+def recorded_policy(run: Run) -> CapPolicy:
+    """The policy as trained: the recorded arm's, with the policy_params of its recipe's `arms:`."""
+    extra = run.meta.get("config", {}).get("arms")
+    try:
+        arm = resolve_arm(run.arm, json.loads(extra) if isinstance(extra, str) else extra)
+    except (ValueError, TypeError):  # an arm this version no longer defines: the bare policy
+        return ALL_POLICIES[run.policy_id]
+    return arm.policy if arm.policy_id == run.policy_id else ALL_POLICIES[run.policy_id]
 
 
 # --- what the cards say -----------------------------------------------------------------------------
@@ -280,7 +141,7 @@ def changes_from_control(run: Run) -> list[str]:
     if run.arm == CONTROL_ARM:
         return [f"This is the control arm ({control.note})."]
     changes = []
-    policy, base = run.policy, control.policy
+    policy, base = recorded_policy(run), control.policy
     kinds = [
         ("Truncated", policy.truncated, base.truncated),
         ("Format-rejected", policy.format_rejected, base.format_rejected),
@@ -323,32 +184,24 @@ def changes_from_control(run: Run) -> list[str]:
     ]
 
 
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{100 * x:.1f}%"
-
-
 def _pp(x: float) -> str:
     return f"{100 * x:+.1f} pp"
 
 
-def _p(p: float) -> str:
-    return f"{p:.2f}" if p >= 0.01 else f"{p:.2g}"
-
-
-def _set_row(sc: SetScore, base: SetScore | None) -> dict:
+def _set_row(name: str, step: int, cap: int, sc: SetScore, base: SetScore | None) -> dict:
     graded = max(sc.graded, 1)
     mix = {o.value: f"{sc.outcomes[o]} ({100 * sc.outcomes[o] / graded:.1f}%)" for o in FAILURES}
     mix[Outcome.INDETERMINATE.value] = str(sc.outcomes[Outcome.INDETERMINATE])  # not in any denominator
     return {
-        "name": sc.name,
-        "cap": sc.cap,
+        "name": name,
+        "cap": cap,
         "shape": f"{sc.problems} × {sc.samples}",
-        "accuracy": _pct(sc.accuracy),
+        "accuracy": pct(sc.accuracy),
         "correct": sc.outcomes[Outcome.CORRECT],
         "graded": sc.graded,
         "mix": mix,
         "median_tokens": "n/a" if sc.median_tokens is None else f"{sc.median_tokens:g}",
-        "vs_base": _pp(sc.accuracy - base.accuracy) if base and sc.step else "",
+        "vs_base": _pp(sc.accuracy - base.accuracy) if base and step else "",
     }
 
 
@@ -356,13 +209,13 @@ def _eval_results(run: Run, step: int) -> list[EvalResult]:
     """model-index entries: one per (set, cap) evaluated at this step; the config field keeps them distinct."""
     results = []
     for (s, cap), sets in sorted(run.scores.items()):
-        for sc in sets.values():
+        for name, sc in sets.items():
             if s == step and sc.graded:
                 results.append(
                     EvalResult(
                         task_type="text-generation",
-                        dataset_type=sc.name,
-                        dataset_name=sc.name,
+                        dataset_type=name,
+                        dataset_name=name,
                         dataset_config=f"cap{cap}",
                         dataset_args={"problems": sc.problems, "samples_per_problem": sc.samples},
                         metric_type="accuracy",
@@ -412,7 +265,7 @@ def _common(run: Run) -> dict:
         "arm_note": ALL_ARMS[run.arm].note if run.arm in ALL_ARMS else "",
         "policy_id": run.policy_id,
         "gate": run.gate,
-        "policy": describe_policy(run.policy),
+        "policy": describe_policy(recorded_policy(run)),
         "changes": changes_from_control(run),
         "control_arm": CONTROL_ARM,
         "groups_per_step": run.groups_per_step,
@@ -442,7 +295,7 @@ def _resume_dir(run: Run, step: int, repo_id: str | None) -> str:
 # --- checkpoint card --------------------------------------------------------------------------------
 def checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = None) -> ModelCard:
     """The card of `stepNNN/`; `repo_id` (set by the push) makes the loading snippets point at the Hub repo."""
-    return _checkpoint_card(Run(run_dir), step, repo_id)
+    return _checkpoint_card(read_run(run_dir), step, repo_id)
 
 
 def _checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard:
@@ -450,10 +303,13 @@ def _checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard:
     if step not in run.saved:
         raise FileNotFoundError(f"{run.dir / name}: no such checkpoint directory")
     base = run.scores.get((0, run.eval_cap), {})
-    rows = [_set_row(sc, base.get(n)) for n, sc in sorted(run.scores.get((step, run.eval_cap), {}).items())]
+    here = sorted(run.scores.get((step, run.eval_cap), {}).items())
+    rows = [_set_row(n, step, run.eval_cap, sc, base.get(n)) for n, sc in here]
     common = _common(run)
     other = [
-        _set_row(sc, None) for c in common["other_caps"] for sc in run.scores.get((step, c), {}).values()
+        _set_row(n, step, c, sc, None)
+        for c in common["other_caps"]
+        for n, sc in run.scores.get((step, c), {}).items()
     ]
     ranking = run.ranking()
     rank = next((i + 1 for i, (s, _) in enumerate(ranking) if s == step), None)
@@ -472,7 +328,7 @@ def _checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard:
         other_rows=other,
         rank=rank,
         rank_set=run.rank_set,
-        ranking=[(f"step{s:03d}", _pct(a)) for s, a in ranking],
+        ranking=[(f"step{s:03d}", pct(a)) for s, a in ranking],
         evaluated_saved=[f"step{s:03d}" for s in run.saved if run.score(s, run.rank_set)],
         architecture=run.architecture(step),
         repo_id=repo_id,
@@ -496,21 +352,26 @@ def _comparison(run: Run, control: Path | str) -> dict:
 
     a, b = compare.load_run(run.dir), compare.load_run(control)
     compare.check_comparable(a, b)
-    step_a, step_b = max(a.eval_files), max(b.eval_files)
+    step_a, step_b = a.evaluated()[-1], b.evaluated()[-1]
     ta, tb = a.table(step_a), b.table(step_b)
     tests = []
     # the held-out set leads, as in the seed card
     for name in sorted(a.sets, key=lambda n: n != run.rank_set):
         d = compare.paired_difference(ta[name], tb[name], n_resamples=N_RESAMPLES, seed=0)
         tests.append(
-            {"set": name, "diff": f"{d.test.mean_diff:+.1f} pp", "p": _p(d.test.p_value), "n": d.test.n}
+            {
+                "set": name,
+                "diff": f"{d.test.mean_diff:+.1f} pp",
+                "p": format_p(d.test.p_value, d.test.method, d.test.n_resamples),
+                "n": d.test.n,
+            }
         )
     counts = compare.disagreements(ta[run.rank_set], tb[run.rank_set]) if run.rank_set in ta else Counter()
     disagree = [f"{ob} → {oa}: {n}" for (ob, oa), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
     return {
         "arm": b.arm,
         "seed": b.seed,
-        "dir": os.path.relpath(b.path, run.dir),
+        "dir": os.path.relpath(b.dir, run.dir),
         "step_a": step_a,
         "step_b": step_b,
         "tests": tests,
@@ -528,7 +389,7 @@ def _trajectory(run: Run) -> dict:
     return {
         "logprob": [f"{x:.3f}" for x in (logp[0], logp[-1], min(logp), max(logp))] if logp else None,
         "length": [(s, f"{n:g}") for s, n in (lengths[0], lengths[-1])] if len(lengths) > 1 else None,
-        "gate_last": (gate[-1][0], _pct(gate[-1][1])) if gate else None,
+        "gate_last": (gate[-1][0], pct(gate[-1][1])) if gate else None,
         "bound_hits": sum(bool((r.get("groups") or {}).get("bound_hit")) for r in run.steps),
     }
 
@@ -540,7 +401,7 @@ def _decline(run: Run) -> dict | None:
     from analysis import compare
 
     r = compare.load_run(run.dir)
-    pd = compare.peak_decline(r, run.rank_set, max(r.eval_files), n_resamples=N_RESAMPLES, seed=0)
+    pd = compare.peak_decline(r, run.rank_set, r.evaluated()[-1], n_resamples=N_RESAMPLES, seed=0)
     if pd.peak_step == pd.step:
         return {"peak": pd.peak_step, "last": pd.step, "diff": None}
     t = pd.change.test
@@ -548,7 +409,9 @@ def _decline(run: Run) -> dict | None:
         "peak": pd.peak_step,
         "last": pd.step,
         "diff": f"{t.mean_diff:+.1f} pp",
-        "p": _p(pd.test.p_value),  # selection-aware: the peak was chosen after looking
+        "p": format_p(
+            pd.test.p_value, pd.test.method, pd.test.n_resamples, tails=1
+        ),  # selection-aware: the peak was chosen after looking
         "n": t.n,
     }
 
@@ -557,7 +420,7 @@ def run_card(
     run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None
 ) -> ModelCard:
     """The run's README.md: the seed card's sections (summary, Recipe, Results, Limits, Files) for this run."""
-    return _run_card(Run(run_dir), control, repo_id)
+    return _run_card(read_run(run_dir), control, repo_id)
 
 
 def recorded_control(run_dir: Path | str) -> Path | None:
@@ -585,7 +448,7 @@ def _run_card(run: Run, control: Path | str | None, repo_id: str | None) -> Mode
         {
             "step": s,
             "cap": c,
-            "cells": [_pct(sc.accuracy) if (sc := run.score(s, n, c)) else "" for n in table_sets],
+            "cells": [pct(sc.accuracy) if (sc := run.score(s, n, c)) else "" for n in table_sets],
         }
         for s, c in sorted(run.scores)
     ]
@@ -605,7 +468,7 @@ def _run_card(run: Run, control: Path | str | None, repo_id: str | None) -> Mode
         table=table,
         evaluated=[f"step{s:03d}" for s in evals],
         saved=[f"step{s:03d}" for s in run.saved],
-        best=None if best is None else {"dir": f"step{best:03d}", "accuracy": _pct(ranking[0][1])},
+        best=None if best is None else {"dir": f"step{best:03d}", "accuracy": pct(ranking[0][1])},
         last_saved=f"step{run.saved[-1]:03d}" if run.saved else None,
         architecture=run.architecture(run.saved[-1]) if run.saved else run.meta.get("architecture", "?"),
         versus=_comparison(run, control) if control is not None else None,
@@ -632,7 +495,7 @@ def write_cards(
     repo_id: str | None = None,
 ) -> list[Path]:
     """Every checkpoint card (or those of `steps`) and the run card, from one reading of the run's files."""
-    run = Run(run_dir)
+    run = read_run(run_dir)
     cards = [
         (run.dir / f"step{s:03d}" / "README.md", _checkpoint_card(run, s, repo_id))
         for s in steps or run.saved

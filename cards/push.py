@@ -28,7 +28,7 @@ from typing import NamedTuple
 from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.utils import validate_repo_id
 
-from cards.card import Run, checkpoint_card, parse_steps, run_card, write_cards
+from cards.card import checkpoint_card, parse_steps, read_run, run_card, write_cards
 from trainer.state_shard import StateError, verify_state
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def plan_push(
     validate_repo_id(repo_id)
     if not revision:
         raise ValueError("revision must be a branch name, e.g. main")
-    run = Run(run_dir)
+    run = read_run(run_dir)
     chosen = run.saved if steps is None else sorted(steps)
     if missing := [s for s in chosen if s not in run.saved]:
         raise FileNotFoundError(f"{run.dir}: no step{missing[0]:03d}/ (checkpoints: {run.saved})")
@@ -110,7 +110,7 @@ def rendered_cards(
     run_dir: Path | str, control: Path | str | None, steps: list[int] | None, repo_id: str
 ) -> dict[Path, bytes]:
     """The cards `write_cards` would write, {path: bytes}, without writing them."""
-    run = Run(run_dir)
+    run = read_run(run_dir)
     cards = {run.dir / f"step{s:03d}" / "README.md": checkpoint_card(run.dir, s, repo_id=repo_id)
              for s in steps or run.saved}  # fmt: skip
     cards[run.dir / "README.md"] = run_card(run.dir, control, repo_id=repo_id)

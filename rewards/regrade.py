@@ -13,7 +13,6 @@ and step, so a researcher can see whether a conclusion depends on the grader.
 
 import argparse
 import json
-import re
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,8 +20,7 @@ from pathlib import Path
 from data.atomic import write_atomic
 from rewards.grader import GraderPool
 from rewards.outcome import Outcome, grader_version
-
-EVAL_FILE = re.compile(r"eval_step(\d{3,})(?:_cap(\d+))?\.jsonl")
+from rundir.files import EVAL_FILE
 
 
 def _accuracy(outcomes: list[str]) -> float | None:

@@ -26,6 +26,7 @@ from analysis.compare import (
 from analysis.plots import PLOTS, break_gaps, figures
 from analysis.stats import holm
 from rewards.outcome import Outcome
+from rundir.files import RunFileError
 
 C, W, T, F, N = "correct", "wrong", "truncated", "format_rejected", "indeterminate"
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +120,7 @@ def test_paired_differences_and_disagreements(runs, tmp_path):
     assert f.diffs_pp == [50, -50, -100] and f.n_dropped == 1
     assert f.test.mean_diff == pytest.approx(-100 / 3)
     assert f.test.p_value == pytest.approx(2 * 3 / 8)  # sums <= −100: 3 of the 8 patterns of ±50 ±50 ±100
-    assert (f.accuracy_a.counts[Outcome.INDETERMINATE], f.accuracy_a.graded) == (2, 6)
+    assert (f.accuracy_a.outcomes[Outcome.INDETERMINATE], f.accuracy_a.graded) == (2, 6)
     assert (f.accuracy_a.accuracy, f.accuracy_b.accuracy) == (4 / 6, 6 / 7)
     # Disagreements count the pairs the test uses: the 3 pairs with an indeterminate are left out of both.
     assert c.disagreements["f"] == {(W, C): 1, (C, W): 1, (C, T): 1}
@@ -223,7 +224,7 @@ def test_warns_on_different_grader_and_tolerates_null_logprob(tmp_path):
 
 # --- refusals ---------------------------------------------------------------------------------------
 def test_refuses_missing_step(runs, tmp_path, capsys):
-    with pytest.raises(CompareError, match=r"step 7 was not evaluated \(no results/eval_step007.jsonl\)"):
+    with pytest.raises(RunFileError, match=r"step 7 was not evaluated \(no results/eval_step007.jsonl\)"):
         compare_runs(*runs, tmp_path / "out", step_a=7)
     assert main([str(runs[0]), str(runs[1]), "--b-step", "5", "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
@@ -258,7 +259,7 @@ def test_refuses_duplicate_eval_rows(runs, tmp_path):
     lines = path.read_text().splitlines(keepends=True)
     path.write_text("".join(lines) + lines[0])
     with pytest.raises(
-        CompareError, match=rf"eval_step002.jsonl:{len(lines) + 1}: duplicate row .* task h-0, sample 0"
+        RunFileError, match=rf"eval_step002.jsonl:{len(lines) + 1}: duplicate row .* task h-0, sample 0"
     ):
         compare_runs(*runs, tmp_path / "out")
 
@@ -266,7 +267,7 @@ def test_refuses_duplicate_eval_rows(runs, tmp_path):
 def test_refuses_duplicate_training_steps(runs, tmp_path):
     path = runs[1] / "results" / "steps.jsonl"
     path.write_text(path.read_text() + json.dumps({"step": 2, "logprob_median": 0, "gate_stat": 0}) + "\n")
-    with pytest.raises(CompareError, match=r"steps.jsonl:4: duplicate row for step 2"):
+    with pytest.raises(RunFileError, match=r"steps.jsonl:4: duplicate row for step 2"):
         compare_runs(*runs, tmp_path / "out")
 
 
@@ -275,7 +276,7 @@ def test_refuses_rows_that_do_not_match_run_json(runs, tmp_path):
     rows = [json.loads(x) for x in path.read_text().splitlines()]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows if (r["task_id"], r["sample"]) != ("f-2", 1)))
     with pytest.raises(
-        CompareError,
+        RunFileError,
         match=r"set f does not hold run.json's 4 task ids × 2 .* 1 missing \(e.g. task f-2 sample 1\)",
     ):
         compare_runs(*runs, tmp_path / "out")
@@ -284,7 +285,7 @@ def test_refuses_rows_that_do_not_match_run_json(runs, tmp_path):
 def test_refuses_unknown_outcome(runs, tmp_path):
     path = runs[0] / "results" / "eval_step002.jsonl"
     path.write_text(path.read_text().replace('"outcome": "wrong"', '"outcome": "timeout"', 1))
-    with pytest.raises(CompareError, match=r"eval_step002.jsonl:4: unknown outcome 'timeout'"):
+    with pytest.raises(RunFileError, match=r"eval_step002.jsonl:4: unknown outcome 'timeout'"):
         compare_runs(*runs, tmp_path / "out")
 
 

@@ -8,7 +8,6 @@ Resume goes through the Trainer's own resume path with three overrides in `CapGR
 import dataclasses
 import errno
 import os
-import re
 import shutil
 import time
 from pathlib import Path
@@ -21,10 +20,10 @@ from transformers.utils import logging
 
 from cards.card import scrub_checkpoint_dir, write_run_card
 from data.eval_sets import HELDOUT
+from rundir.files import Run, read_jsonl, state_dir, step_dir
 from trainer import sharding
 from trainer.cpu_adamw import CPUAdamW
-from trainer.evaluation import summarize
-from trainer.run_dir import read_jsonl, update_run_json
+from trainer.run_dir import update_run_json
 from trainer.state_shard import (
     SEAL,
     StateError,
@@ -40,15 +39,6 @@ from trainer.state_shard import (
 )
 
 logger = logging.get_logger(__name__)
-STEP_DIR = re.compile(r"^step(\d{3,})$")
-
-
-def step_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / f"step{step:03d}"
-
-
-def state_dir(run_dir: Path, step: int) -> Path:
-    return Path(run_dir) / f"state{step:03d}"
 
 
 def is_checkpoint_step(step: int, args) -> bool:
@@ -226,16 +216,6 @@ def prune_states(run_dir: Path, keep: int) -> list[Path]:
     return doomed
 
 
-def best_heldout_step(run_dir: Path) -> dict | None:
-    """The evaluated step with the highest heldout accuracy (earliest on ties), from the eval files."""
-    best = None
-    for path in sorted((Path(run_dir) / "results").glob("eval_step[0-9][0-9][0-9].jsonl")):
-        acc = summarize(read_jsonl(path)).get(HELDOUT, {}).get("accuracy")
-        if acc is not None and (best is None or acc > best["accuracy"]):
-            best = {"set": HELDOUT, "step": int(path.stem.removeprefix("eval_step")), "accuracy": acc}
-    return best
-
-
 class CheckpointCallback(TrainerCallback):
     """Saves stepNNN/ (+ its card) and stateNNN/ at the configured steps, after the step's row is written."""
 
@@ -251,7 +231,7 @@ class CheckpointCallback(TrainerCallback):
         save_state_dir(self.trainer, self.run_dir, step)
         if self.trainer.accelerator.is_main_process:
             prune_states(self.run_dir, args.keep_states)
-            update_run_json(self.run_dir, best_step=best_heldout_step(self.run_dir))
+            update_run_json(self.run_dir, best_step=Run(self.run_dir).best_step(HELDOUT))
             scrub_checkpoint_dir(step_dir(self.run_dir, step), self.base_dir)  # also writes our card
             write_run_card(self.run_dir)
         self.trainer.accelerator.wait_for_everyone()

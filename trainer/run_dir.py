@@ -86,10 +86,6 @@ def record_resume(run_dir: Path, event: dict) -> None:
     write_json_atomic(Path(run_dir) / "run.json", {**info, "resumes": [*info.get("resumes", []), event]})
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-
-
 def update_run_json(run_dir: Path, **fields) -> None:
     path = run_dir / "run.json"
     write_json_atomic(path, {**json.loads(path.read_text()), **fields})

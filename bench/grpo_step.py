@@ -29,6 +29,7 @@ import json
 import math
 import os
 import random
+import resource
 import statistics
 import sys
 import tempfile
@@ -55,10 +56,10 @@ from data.prompt import prompt_messages  # noqa: E402
 from data.sampler import TaskSampler  # noqa: E402
 from data.snapshot import load_snapshot, write_snapshot  # noqa: E402
 from data.synthetic import generate_tasks  # noqa: E402
+from policy.arms import ARMS  # noqa: E402
 from rewards.grader import BatchReport, Grade  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rewards.reward import OutcomeReward  # noqa: E402
-from trainer.arms import ARMS  # noqa: E402
 from trainer.checkpoint import save_state_dir, save_weights  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
@@ -264,7 +265,10 @@ class Probe(TrainerCallback):
 
     @contextlib.contextmanager
     def generation_timer(self):
-        original = GRPOTrainer._generate_single_turn
+        # ours generates through _generate_rollouts (compiled, or TRL's path inside it); plain TRL directly
+        cls = CapGRPOTrainer if isinstance(self.trainer, CapGRPOTrainer) else GRPOTrainer
+        name = "_generate_rollouts" if cls is CapGRPOTrainer else "_generate_single_turn"
+        original = getattr(cls, name)
 
         def timed(trainer, *args, **kwargs):
             sync()
@@ -281,11 +285,11 @@ class Probe(TrainerCallback):
                 logprobs = None  # they belonged to the sampled tokens
             return completion_ids, logprobs
 
-        GRPOTrainer._generate_single_turn = timed
+        setattr(cls, name, timed)
         try:
             yield
         finally:
-            GRPOTrainer._generate_single_turn = original
+            setattr(cls, name, original)
 
     def on_step_begin(self, args, state, control, **kwargs):
         sync()
@@ -340,6 +344,8 @@ class Probe(TrainerCallback):
                 "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 if torch.cuda.is_available()
                 else None,
+                # the process's peak resident set so far (Linux reports KiB): CPUAdamW's state lives here
+                "peak_host_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             }
         )
 
@@ -372,8 +378,11 @@ class Probe(TrainerCallback):
 
 
 # --- the runs ------------------------------------------------------------------------------------------
-def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool) -> CapGRPOConfig:
-    """One config for both trainers: TRL reads its own fields and ignores ours."""
+def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, tuned: bool) -> CapGRPOConfig:
+    """One config for both trainers: TRL reads its own fields and ignores ours. `tuned`: the training
+    settings given for ours (--ours-batch, --ours-grad-ckpt), which plain TRL can use too (plain-tuned)."""
+    batch = a.ours_batch if tuned and a.ours_batch else a.batch
+    checkpointing = a.ours_grad_ckpt if tuned and a.ours_grad_ckpt is not None else not a.no_grad_ckpt
     return CapGRPOConfig(
         output_dir=str(out),
         arm=a.arm,
@@ -381,7 +390,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool) -> CapGRPOConfig:
         problems_per_round=a.groups,
         max_sampling_rounds=rounds,
         num_generations=a.G,
-        per_device_train_batch_size=a.batch,
+        per_device_train_batch_size=batch,
         max_completion_length=a.cap,
         max_steps=a.steps,
         seed=a.seed,
@@ -393,7 +402,8 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool) -> CapGRPOConfig:
         temperature=1.0,
         shuffle_dataset=False,  # plain TRL then takes the prompts in the task sampler's order
         bf16=on_cuda,
-        gradient_checkpointing=on_cuda and not a.no_grad_ckpt,
+        gradient_checkpointing=on_cuda and checkpointing,
+        compiled_generation=a.compiled,
         use_cpu=not on_cuda,
         cpu_adamw=a.cpu_adamw,
         report_to="none",
@@ -417,11 +427,11 @@ def cpu_adamw_for(model, args) -> CPUAdamW:
 def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, rounds: int) -> dict:
     model, tokenizer = load_model(a, device)
     on_cuda = device.type == "cuda"
-    args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda)
+    args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda, tuned=name != "plain")
     eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
     pool = tasks[: len(tasks) - a.eval_problems]
     coin = CoinGrader(a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step)
-    if name == "plain":
+    if name.startswith("plain"):
         order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
         by_id = {t["id"]: t for t in pool}
         data = Dataset.from_list(
@@ -459,6 +469,11 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
         "optimizer": optimizer,
         "params": params,
         "max_sampling_rounds": rounds,
+        "settings": {
+            "micro_batch": args.per_device_train_batch_size,
+            "grad_ckpt": args.gradient_checkpointing,
+            "generation": "compiled" if getattr(trainer, "generation_shapes", None) else "trl",
+        },
         "distributed_type": trainer.accelerator.distributed_type.value,
         "sharded": is_sharded(trainer.model),
         "steps": probe.records,
@@ -474,7 +489,7 @@ def steady(steps: list[dict], key: str) -> float:
 
 def markdown(result: dict) -> str:
     head = "| run | step | " + " | ".join(f"{c} s" for c in COLUMNS) + " | tok/s | sampled/trained | "
-    head += "qualified | loss | peak GiB |\n|" + "---|" * (len(COLUMNS) + 7) + "\n"
+    head += "qualified | loss | peak GPU GiB | peak host GiB |\n|" + "---|" * (len(COLUMNS) + 8) + "\n"
     lines = []
     for name, run in result["runs"].items():
         for r in run["steps"]:
@@ -489,16 +504,20 @@ def markdown(result: dict) -> str:
                 r["qualified"],
                 _fmt(r.get("loss")),
                 _fmt(r["peak_gpu_gib"]),
+                _fmt(r.get("peak_host_gib")),
             ]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     text = head + "\n".join(lines) + "\n\n"
     for name, run in result["runs"].items():
-        text += f"{name}: {run['params']:,} parameters, {run['optimizer']}, {run['distributed_type']}"
+        text += f"{name}: {run['params']:,} parameters, {run['optimizer']}, {run['distributed_type']}, "
+        text += ", ".join(f"{k} {v}" for k, v in run["settings"].items())
         text += ", sharded\n" if run["sharded"] else "\n"
-    if ratio := result.get("ratio_ours_over_plain"):
-        text += "\nours / plain (steady-state mean): " + ", ".join(f"{k} {v:.3f}" for k, v in ratio.items())
-        text += "\n"
-    return text
+    for other in ("plain", "plain_tuned"):
+        if ratio := result.get(f"ratio_ours_over_{other}"):
+            text += f"\nours / {other} (steady-state mean): " + ", ".join(
+                f"{k} {v:.3f}" for k, v in ratio.items()
+            )
+    return text + "\n"
 
 
 def _fmt(x) -> str:
@@ -571,6 +590,22 @@ def parse(argv=None):
     ap.add_argument("--p-ended", type=float, default=0.5, help="share of random-model rollouts ending early")
     ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
     ap.add_argument("--no-grad-ckpt", action="store_true", help="CUDA: gradient checkpointing off")
+    ap.add_argument(
+        "--ours-batch", type=int, default=None, help="ours (and plain-tuned): rows per micro-batch"
+    )
+    ap.add_argument(
+        "--ours-grad-ckpt",
+        type=lambda s: {"true": True, "false": False}[s.lower()],
+        default=None,
+        help="ours (and plain-tuned): gradient checkpointing (default: as plain)",
+    )
+    ap.add_argument(
+        "--compiled",
+        type=lambda s: {"auto": None, "true": True, "false": False}[s.lower()],
+        default=None,
+        help="ours: compiled generation (auto: on for one CUDA process)",
+    )
+    ap.add_argument("--plain-tuned", action="store_true", help="also plain TRL with ours' training settings")
     ap.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True, help="also plain TRL")
     ap.add_argument(
         "--plain-first", action="store_true", help="run plain TRL first (it then pays the CUDA warm-up)"
@@ -613,7 +648,8 @@ def main(argv=None) -> dict:
         work = Path(tmp)
         tasks = bench_tasks(a, work)
         pair = [("ours", 1)] + [("plain", 1)] * a.plain
-        plan = (pair[::-1] if a.plain_first else pair) + [("ours-refill", 8)] * a.refill
+        plan = (pair[::-1] if a.plain_first else pair) + [("plain-tuned", 1)] * a.plain_tuned
+        plan += [("ours-refill", 8)] * a.refill
         for name, rounds in plan:
             t0 = time.perf_counter()
             runs[name] = run_arm(a, name, tasks, work, device, rounds)
@@ -622,10 +658,20 @@ def main(argv=None) -> dict:
                 torch.cuda.empty_cache()
             runs[name]["wall_seconds"] = round(time.perf_counter() - t0, 1)
             if "plain" in runs and "ours" in runs:
-                result["ratio_ours_over_plain"] = {
-                    k: steady(runs["ours"]["steps"], k) / max(steady(runs["plain"]["steps"], k), 1e-9)
-                    for k in ("generate", "train", "optimizer", "total")
-                }
+                for other in ("plain", "plain-tuned"):
+                    if other in runs:
+                        ratio = {
+                            k: steady(runs["ours"]["steps"], k) / max(steady(runs[other]["steps"], k), 1e-9)
+                            for k in ("generate", "train", "optimizer", "total")
+                        }
+                        ours_rate, their_rate = (
+                            statistics.mean(
+                                r["tokens_per_s"] for r in (runs[n]["steps"][1:] or runs[n]["steps"])
+                            )
+                            for n in ("ours", other)
+                        )
+                        ratio["tokens_per_s"] = ours_rate / max(their_rate, 1e-9)
+                        result[f"ratio_ours_over_{other}".replace("-", "_")] = ratio
             if rank0 and a.out:  # after every run: a command stopped by its time limit keeps what it did
                 a.out.mkdir(parents=True, exist_ok=True)
                 (a.out / "grpo_step.json").write_text(json.dumps(result, indent=1) + "\n")

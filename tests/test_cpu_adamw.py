@@ -51,11 +51,19 @@ def run(model, opt, steps, resume=None):
     return sched
 
 
-@pytest.mark.parametrize("chunk_elems", [2**20, 4099])  # 4099: odd, splits params and batches across chunks
-def test_matches_torch_adamw_bitwise(chunk_elems):
+# 4099: odd, splits params and batches across chunks; stage_all runs the GPU path's staging ring on the CPU,
+# ring_slots=1 and 2 reuse each slot many times within a step (30k+ elements over 4099-element batches)
+@pytest.mark.parametrize(
+    "chunk_elems,stage_all,ring_slots",
+    [(2**20, False, 4), (4099, False, 4), (4099, True, 1), (4099, True, 2)],
+)
+def test_matches_torch_adamw_bitwise(chunk_elems, stage_all, ring_slots):
     ref_model, model = make_model(), make_model()
     ref = torch.optim.AdamW(groups(ref_model, named=False), **HYPER)
-    opt = CPUAdamW(groups(model), **HYPER, chunk_elems=chunk_elems)
+    opt = CPUAdamW(
+        groups(model), **HYPER, chunk_elems=chunk_elems, stage_all=stage_all, ring_slots=ring_slots
+    )
+    storage = [p.data_ptr() for p in model.parameters()]
     ref_sched = torch.optim.lr_scheduler.LambdaLR(ref, lambda s: 1 / (1 + s))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1 / (1 + s))
     for step in range(5):
@@ -69,6 +77,27 @@ def test_matches_torch_adamw_bitwise(chunk_elems):
             assert torch.equal(ref.state[p_ref]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
             assert ref.state[p_ref]["step"].item() == opt.state[p]["step"]
     assert opt.state[model[0].bias]["step"] == 4 and opt.state[model[0].weight]["step"] == 5
+    # updated in place: compiled generation's CUDA graphs read the parameters at these addresses
+    assert [p.data_ptr() for p in model.parameters()] == storage
+    if stage_all:  # the ring is bounded: ring_slots buffers of chunk_elems, whatever the model's size
+        assert len(opt._ring) == ring_slots and all(
+            b.numel() == chunk_elems for s in opt._ring for b in s.values()
+        )
+
+
+def test_bf16_params_through_the_ring_hold_the_cast_masters():
+    model = make_model(torch.bfloat16)
+    shadow_model = copy.deepcopy(model).float()
+    opt = CPUAdamW(groups(model), **HYPER, chunk_elems=4099, stage_all=True, ring_slots=2)
+    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER)
+    for step in range(3):
+        backward(model, step)
+        for s, p in zip(shadow_model.parameters(), model.parameters()):
+            s.grad = None if p.grad is None else p.grad.float()
+        opt.step()
+        ref.step()
+    for s, p in zip(shadow_model.parameters(), model.parameters()):
+        assert torch.equal(opt.state[p]["master"], s) and torch.equal(p, s.to(torch.bfloat16))
 
 
 def test_bf16_model_holds_the_cast_fp32_masters():
@@ -186,6 +215,10 @@ def test_cuda_bf16_params_with_host_state():
         ref.step()
     for s, p in zip(shadow, model.parameters()):
         assert opt.state[p]["master"].device.type == "cpu" and p.device.type == "cuda"
-        assert opt._staging[p].is_pinned()  # page-locked, so the copies really are asynchronous
+        assert torch.equal(opt.state[p]["master"], s)
+        assert torch.equal(p.cpu(), s.to(torch.bfloat16))
+    # page-locked, so the copies really are asynchronous
+    assert all(b.is_pinned() for slot in opt._ring for b in slot.values())
+    for s, p in zip(shadow, model.parameters()):
         assert torch.equal(opt.state[p]["master"], s)
         assert torch.equal(p.cpu(), s.to(torch.bfloat16))

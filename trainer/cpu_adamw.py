@@ -1,16 +1,19 @@
 """CPU-offloaded AdamW (SPEC §6): bf16 weights and grads on the accelerator, fp32 state in host memory.
 
-Per parameter the host keeps an fp32 master copy and both Adam moments; the device keeps only the
-model-dtype parameter and its gradient, so a 9B full fine-tune fits one H200. `step()`:
+Per parameter the host keeps an fp32 master copy and both Adam moments (12 bytes); the device keeps only
+the model-dtype parameter and its gradient, so a 9.5B full fine-tune fits one H200 and its host. `step()`
+works through cache-sized batches of parameter chunks (<= chunk_elems elements), each through one slot of
+a small ring of page-locked host buffers (`ring_slots` x chunk_elems, a few MB in all):
 
-1. copies each grad (model dtype) into a page-locked host staging buffer (non_blocking, one event per
-   parameter, so the CPU starts on the first parameter while later ones are still in flight);
-2. runs exactly the op sequence of `torch.optim.AdamW` (single-tensor and foreach paths agree) on the
-   fp32 masters, in cache-sized batches of parameter chunks driven by `torch._foreach_*` ops. Every
-   op is elementwise, so chunking does not change a single bit, while each batch stays in cache for
-   the ~10 passes AdamW makes and small parameters share one foreach call;
-3. writes the new masters, cast to the parameter's dtype, into the same staging buffer and copies
-   them back to the device (non_blocking, overlapping the remaining CPU work).
+1. the grads of the next `ring_slots` batches are copied into their slots (non_blocking, one event per
+   slot), so the CPU computes on one batch while the following ones are in flight;
+2. the batch runs exactly the op sequence of `torch.optim.AdamW` (single-tensor and foreach paths agree)
+   on the fp32 masters with `torch._foreach_*` ops. Every op is elementwise, so chunking does not change
+   a single bit, while each batch stays in cache for the ~10 passes AdamW makes;
+3. the new masters, cast to the parameter's dtype, overwrite the grads in the slot and are copied back
+   into the parameters in place (non_blocking); the slot's next grad copy is queued behind that copy on
+   the same stream. Parameters keep their storage, so CUDA graphs that read them (compiled generation,
+   trainer/generation.py) see the new weights.
 
 Parameters must be given with names, using torch's own named-parameter support: `params` is an
 iterable of `(name, tensor)` pairs or a list of param-group dicts whose "params" are such pairs
@@ -43,13 +46,19 @@ class CPUAdamW(torch.optim.Optimizer):
         weight_decay: float = 1e-2,
         *,
         chunk_elems: int = 2**20,
+        ring_slots: int = 4,
+        stage_all: bool = False,  # stage CPU parameters through the ring too: tests its logic on a CPU
     ):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(
                 f"invalid AdamW hyperparameters: lr={lr} betas={betas} eps={eps} wd={weight_decay}"
             )
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay))
-        self.chunk_elems = chunk_elems
+        if chunk_elems < 1 or ring_slots < 1:
+            raise ValueError(
+                f"CPUAdamW: chunk_elems and ring_slots must be >= 1, got {chunk_elems}, {ring_slots}"
+            )
+        self.chunk_elems, self.ring_slots, self.stage_all = chunk_elems, ring_slots, stage_all
         names = []
         for group in self.param_groups:
             if len(group.get("param_names", ())) != len(group["params"]):
@@ -60,8 +69,9 @@ class CPUAdamW(torch.optim.Optimizer):
                     raise ValueError(f"parameter {name!r} is not contiguous")
         if len(set(names)) != len(names):
             raise ValueError("CPUAdamW: duplicate parameter names")
-        self._staging: dict[torch.Tensor, torch.Tensor] = {}  # param -> pinned host buffer, model dtype
-        self._pinned: list[torch.Tensor] = []  # backing storage of the staging views
+        self._ring: list[dict[torch.dtype, torch.Tensor]] = [
+            {} for _ in range(ring_slots)
+        ]  # pinned, by dtype
 
     # --- state ------------------------------------------------------------------------------------
     def _named(self):
@@ -84,15 +94,6 @@ class CPUAdamW(torch.optim.Optimizer):
             else:
                 st = {k: tensors[f"{k}/{name}"].to("cpu", torch.float32).contiguous() for k in _MOMENTS}
             self.state[p] = {"step": 0, **st}
-        device_params = [p for _, p in self._named() if p.device.type == "cuda"]
-        for dtype in {p.dtype for p in device_params}:
-            ps = [p for p in device_params if p.dtype == dtype]
-            flat = _pinned_empty(sum(p.numel() for p in ps), dtype)
-            self._pinned.append(flat)
-            offset = 0
-            for p in ps:
-                self._staging[p] = flat[offset : offset + p.numel()]
-                offset += p.numel()
 
     # --- the update -------------------------------------------------------------------------------
     @torch.no_grad()
@@ -102,42 +103,60 @@ class CPUAdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._init_state()
-        live = [[p for p in g["params"] if p.grad is not None] for g in self.param_groups]
-        events, grads = {}, {}
-        for p in (p for ps in live for p in ps):  # start every device-to-host copy before computing anything
-            if p in self._staging:
-                self._staging[p].copy_(p.grad.reshape(-1), non_blocking=True)
-                events[p] = torch.cuda.Event()
-                events[p].record()
-            grads[p] = self._staging.get(p, p.grad.reshape(-1))
-        for group, ps in zip(self.param_groups, live):
+        for group in self.param_groups:
             by_step: dict[int, list[torch.Tensor]] = {}
-            for p in ps:
+            for p in (p for p in group["params"] if p.grad is not None):
                 self.state[p]["step"] += 1
                 by_step.setdefault(self.state[p]["step"], []).append(p)
             for step, ps in by_step.items():
-                self._update(group, step, ps, grads, events)
+                self._update(group, step, ps)
         return loss
 
-    def _update(self, group: dict, step: int, params: list, grads: dict, events: dict) -> None:
+    def _staged(self, p: torch.Tensor) -> bool:
+        return p.device.type != "cpu" or self.stage_all
+
+    def _fetch(self, batch: list, slot: int) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
+        """Start copying the batch's grads into ring slot `slot`: (grad views to read, event to wait on)."""
+        buffers, offsets, views, on_cuda = self._ring[slot], {}, [], False
+        for p, a, b in batch:
+            grad = p.grad.reshape(-1)[a:b]
+            if not self._staged(p):
+                views.append(grad)
+                continue
+            if p.dtype not in buffers:
+                buffers[p.dtype] = _pinned_empty(self.chunk_elems, p.dtype)
+            start = offsets.get(p.dtype, 0)
+            offsets[p.dtype] = start + b - a
+            view = buffers[p.dtype][start : start + b - a]
+            view.copy_(grad, non_blocking=True)
+            views.append(view)
+            on_cuda |= p.device.type == "cuda"
+        event = None
+        if on_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        return views, event
+
+    def _update(self, group: dict, step: int, params: list) -> None:
         lr, (beta1, beta2), eps, wd = float(group["lr"]), group["betas"], group["eps"], group["weight_decay"]
         # scalars computed exactly as torch.optim.adam._single_tensor_adam does
         step_size = lr / (1 - beta1**step)
         bias_correction2_sqrt = (1 - beta2**step) ** 0.5
         scratch_g = torch.empty(self.chunk_elems, dtype=torch.float32)
         scratch_d = torch.empty(self.chunk_elems, dtype=torch.float32)
-        for batch, finished in self._batches(params):
-            last = batch[-1][0]  # copies complete in stream order: the batch's last one covers it
-            if last in events:
-                events[last].synchronize()
-            masters, exp_avgs, exp_avg_sqs, grads_in, weights_out = ([] for _ in range(5))
+        batches = list(self._batches(params))
+        slots = self.ring_slots
+        in_flight = {i: self._fetch(batches[i], i % slots) for i in range(min(slots, len(batches)))}
+        for i, batch in enumerate(batches):
+            grads_in, event = in_flight.pop(i)
+            if event is not None:
+                event.synchronize()
+            masters, exp_avgs, exp_avg_sqs = [], [], []
             for p, a, b in batch:
                 st = self.state[p]
                 masters.append(st["master"].view(-1)[a:b])
                 exp_avgs.append(st["exp_avg"].view(-1)[a:b])
                 exp_avg_sqs.append(st["exp_avg_sq"].view(-1)[a:b])
-                grads_in.append(grads[p][a:b])
-                weights_out.append(self._staging.get(p, p.view(-1))[a:b])
             g, denom, offset = [], [], 0
             for m in masters:
                 g.append(scratch_g[offset : offset + m.numel()])
@@ -154,26 +173,32 @@ class CPUAdamW(torch.optim.Optimizer):
             torch._foreach_div_(denom, bias_correction2_sqrt)
             torch._foreach_add_(denom, eps)
             torch._foreach_addcdiv_(masters, exp_avgs, denom, value=-step_size)
-            torch._foreach_copy_(weights_out, masters)  # cast to the model dtype
-            for p in finished:
-                if p in self._staging:
-                    p.view(-1).copy_(self._staging[p], non_blocking=True)
+            # new weights, cast to the model dtype: over the grads in the slot (read above), or in place
+            staged = [self._staged(p) for p, _, _ in batch]
+            weights_out = [
+                view if s else p.view(-1)[a:b] for view, s, (p, a, b) in zip(grads_in, staged, batch)
+            ]
+            torch._foreach_copy_(weights_out, masters)
+            for view, s, (p, a, b) in zip(grads_in, staged, batch):
+                if s:
+                    p.view(-1)[a:b].copy_(view, non_blocking=True)
+            if i + slots < len(batches):  # queued behind the copies out of this slot
+                in_flight[i + slots] = self._fetch(batches[i + slots], i % slots)
 
     def _batches(self, params: list[torch.Tensor]):
-        """Yield (chunks, params finished in this batch); chunks are (param, start, stop), <= chunk_elems."""
-        batch, finished, size = [], [], 0
+        """Yield batches of chunks (param, start, stop), <= chunk_elems elements per batch."""
+        batch, size = [], 0
         for p in params:
             n = p.numel()
             for a in range(0, n, self.chunk_elems):
                 b = min(n, a + self.chunk_elems)
                 if size + b - a > self.chunk_elems:
-                    yield batch, finished
-                    batch, finished, size = [], [], 0
+                    yield batch
+                    batch, size = [], 0
                 batch.append((p, a, b))
                 size += b - a
-            finished.append(p)
         if batch:
-            yield batch, finished
+            yield batch
 
     # --- exact-resume state -------------------------------------------------------------------------
     def export_state(self) -> tuple[dict[str, torch.Tensor], dict]:
@@ -251,6 +276,8 @@ def _pinned_empty(numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Page-locked host buffer. cudaHostRegister on a plain allocation, because the caching host
     allocator behind pin_memory=True rounds every block up to a power of two (32 GB for 18 GB)."""
     buf = torch.empty(numel, dtype=dtype)
+    if not torch.cuda.is_available():  # stage_all on a CPU: the ring's logic without page-locking
+        return buf
     rt = torch.cuda.cudart()
     if numel and rt.cudaHostRegister(buf.data_ptr(), numel * buf.element_size(), 0) == rt.cudaError.success:
         weakref.finalize(buf, rt.cudaHostUnregister, buf.data_ptr())

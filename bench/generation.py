@@ -1,0 +1,135 @@
+"""Decode-step time of the step benchmark's model against its floor, eager vs compiled generation.
+
+    python bench/generation.py --batch 256 --prompt 64 --new 64,192 --out bench_gen
+
+The per-step time is the difference of two generate calls with N1 and N2 new tokens over N2 - N1 (prefill
+and set-up cancel). The floor of one decode step is the larger of its bytes at --bandwidth (the H200's
+4.8 TB/s datasheet figure) and its FLOPs at --flops: every weight read once (the embedding table only for
+the batch's rows), each linear-attention layer's recurrent and conv state read and written, each full-
+attention layer's K/V read up to the mean position and the new K/V written, the logits written.
+The model is bench/grpo_step.py's random Qwen3.5 (same flags); rollouts never stop early (no stop tokens).
+"""
+
+import argparse
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+
+from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
+from trainer import generation  # noqa: E402
+
+
+def floor(model, batch: int, prompt: int, new: tuple[int, int], bandwidth: float, flops: float) -> dict:
+    text = model.config.get_text_config()
+    named = {n: p for n, p in model.named_parameters() if "visual" not in n}
+    embed = model.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in named.values()) - embed.numel() * embed.element_size()
+    tied = model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()
+    weights += embed.numel() * embed.element_size() if tied else 0  # the output layer reads it whole
+    weights += batch * embed.shape[1] * embed.element_size()
+    linear = text.layer_types.count("linear_attention")
+    full = len(text.layer_types) - linear
+    heads_v, dk, dv = text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim
+    recurrent = batch * heads_v * dk * dv * 4  # fp32 state
+    conv_dim = 2 * text.linear_num_key_heads * dk + heads_v * dv
+    conv = batch * conv_dim * text.linear_conv_kernel_dim * 2
+    state = linear * 2 * (recurrent + conv)  # read and written
+    mean_pos = prompt + (new[0] + new[1]) / 2
+    kv = full * batch * text.num_key_value_heads * text.head_dim * 2 * 2 * (mean_pos + 1)
+    logits = batch * text.vocab_size * 2
+    total = weights + state + kv + logits
+    matmul = (
+        2 * batch * (sum(p.numel() for n, p in named.items() if p.ndim == 2) - embed.numel() * (not tied))
+    )
+    return {
+        "bytes": total,
+        "bytes_parts": {"weights": weights, "linear_state": state, "kv": kv, "logits": logits},
+        "flops": matmul,
+        "floor_ms": 1e3 * max(total / bandwidth, matmul / flops),
+    }
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def time_calls(model, prompts, config, new: tuple[int, int], shapes, pad: int, repeats: int) -> dict:
+    seconds = {}
+    for n in (new[0], new[1]) * repeats + (new[0], new[1]):  # the first pair warms up (compiles)
+        cfg = copy.deepcopy(config)
+        cfg.max_new_tokens = n
+        sync()
+        t0 = time.perf_counter()
+        tokens = generation.generate_call(model, prompts, cfg, shapes, pad)
+        sync()
+        seconds.setdefault(n, []).append(time.perf_counter() - t0)
+        assert all(len(t) == n for t in tokens), "a rollout stopped early"
+    best = {n: min(s[1:]) for n, s in seconds.items()}
+    step = (best[new[1]] - best[new[0]]) / (new[1] - new[0])
+    return {
+        "seconds": seconds,
+        "step_ms": 1e3 * step,
+        "tokens_per_s": len(prompts) * new[1] / best[new[1]],
+        "first_call_s": seconds[new[0]][0],
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--intermediate", type=int, default=6144)
+    ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--prompt", type=int, default=64)
+    ap.add_argument("--new", default="64,192", help="N1,N2 new tokens")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--backends", default="eager,compiled")
+    ap.add_argument("--bandwidth", type=float, default=4.8e12)
+    ap.add_argument("--flops", type=float, default=790e12, help="bf16 matmul rate (KINDS.md measured)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+    a.p_ended, a.cap = 0.0, 1
+    new = tuple(int(x) for x in a.new.split(","))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke run
+    tok = padded_tokenizer(a.vocab)
+    model = random_qwen35(a, tok, device).eval()
+    pad = tok.pad_token_id
+    g = torch.Generator().manual_seed(a.seed)
+    prompts = torch.randint(10, min(1000, a.vocab), (a.batch, a.prompt), generator=g).tolist()
+    result = {
+        "args": vars(a) | {"out": str(a.out)},
+        "floor": floor(model, a.batch, a.prompt, new, a.bandwidth, a.flops),
+    }
+    result["floor"]["params"] = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)
+    base = GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, pad_token_id=pad
+    )
+    shapes = generation.FixedShapes(a.batch, 64, new[1])
+    for backend in a.backends.split(","):
+        config = copy.deepcopy(base)
+        config.disable_compile = True
+        if backend == "compiled":
+            config = generation.compiled_config(base, shapes, a.prompt)
+        with generation.eval_mode(model):
+            result[backend] = time_calls(model, prompts, config, new, shapes, pad, a.repeats)
+        result[backend]["over_floor"] = result[backend]["step_ms"] / result["floor"]["floor_ms"]
+        print(backend, json.dumps({k: v for k, v in result[backend].items() if k != "seconds"}), flush=True)
+    print("floor", json.dumps(result["floor"]), flush=True)
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "generation.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,7 @@
 # Two commands for a newcomer: `make setup && make train ARM=S2`, and `make test`.
 PY ?= .venv/bin/python
 ARM ?= S2
-# An arm without its own embedded recipe (the peer arms, trainer/arms.py) runs on the S2 recipe with --arm.
+# An arm without its own embedded recipe (the peer arms, policy/arms.py) runs on the S2 recipe with --arm.
 RECIPE ?= $(or $(wildcard configs/embedded/$(ARM).yaml),configs/embedded/S2.yaml)
 RUN ?= runs/$(ARM)
 BASE ?= artifacts/base

@@ -21,9 +21,7 @@ from transformers import TrainerCallback
 
 from analysis.stats import format_p
 from data.prompt import SYSTEM_PROMPT
-from rewards.outcome import Outcome
-from rundir.files import STEP_DIR, Run, RunFileError, SetScore, pct
-from trainer.arms import (
+from policy.arms import (
     ALL_ARMS,
     ALL_POLICIES,
     ARMS,
@@ -34,6 +32,8 @@ from trainer.arms import (
     Treatment,
     resolve_arm,
 )
+from rewards.outcome import Outcome
+from rundir.files import STEP_DIR, Run, RunFileError, SetScore, pct
 
 logger = logging.getLogger(__name__)
 

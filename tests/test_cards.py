@@ -4,6 +4,8 @@ import json
 import random
 import re
 import statistics
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from huggingface_hub import ModelCard
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from cards.card import CardCallback, main, scrub_checkpoint_dir, write_checkpoint_card, write_run_card
-from trainer.arms import ARMS
+from policy.arms import ARMS
 from trainer.state_shard import save_state
 
 OUTCOMES = ["correct", "wrong", "truncated", "format_rejected", "indeterminate"]
@@ -299,3 +301,10 @@ def test_card_callback_logs_a_failure_instead_of_stopping_training(run, caplog):
     state = TrainerState(global_step=3)  # no step003/: the card cannot be written
     CardCallback(run).on_save(TrainingArguments(output_dir=str(run), report_to=[]), state, TrainerControl())
     assert "cards for" in caplog.text and "step003" in caplog.text
+
+
+def test_cards_import_neither_the_trainer_nor_torch_training_code():
+    """The arrow runs one way: trainer writes cards (cards.card), cards read policy/ and rundir/ only."""
+    code = "import sys, cards.card; print(sorted({m.split('.')[0] for m in sys.modules} & {'trainer', 'trl'}))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

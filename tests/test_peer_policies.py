@@ -19,8 +19,8 @@ from scripted import STEP_ARGS, G, generate, make_trainer, spelled_rows, tiny_ra
 from trl import GRPOConfig, GRPOTrainer
 
 from data.prompt import prompt_messages
+from policy.arms import GATES, MASKED, PEER_ARMS, TRAINED, CapPolicy, Treatment, resolve_arm
 from rewards.outcome import Outcome
-from trainer.arms import GATES, MASKED, PEER_ARMS, TRAINED, CapPolicy, Treatment, resolve_arm
 
 C, W, T, F = Outcome.CORRECT, Outcome.WRONG, Outcome.TRUNCATED, Outcome.FORMAT_REJECTED
 LENGTH = {"C": 6, "W": 6, "F": 5, "T": 24}

@@ -2,8 +2,8 @@
 
 import pytest
 
+from policy.arms import ARMS, POLICIES
 from rewards.outcome import Outcome
-from trainer.arms import ARMS, POLICIES
 from trainer.selection import Group, rejection_reason, select_groups, shows_gate_gap
 
 C, W, T, F, X = (

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from policy.arms import Arm, resolve_arm
 from rewards.outcome import GRADER_VERSIONS
-from trainer.arms import Arm, resolve_arm
 
 
 def vllm_installed() -> bool:
@@ -108,8 +108,8 @@ class CapGRPOConfig(GRPOConfig):
                 "use_vllm is set but vLLM is not installed: generating with transformers", stacklevel=2
             )
             self.use_vllm = False
-        try:
-            arm = self.resolved_arm()
+        try:  # resolved once, here: the trainer, run.json and the resume check all read this Arm
+            arm = self._arm = resolve_arm(self.arm, self.arms)
         except (TypeError, ValueError) as e:
             raise ConfigError(f"arm: {e}") from None
         if self.groups_per_step is None:
@@ -190,7 +190,8 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 
     def resolved_arm(self) -> Arm:
-        return resolve_arm(self.arm, self.arms)
+        """The arm (policy, gate, groups per step) of `arm` and `arms`, as __post_init__ resolved it."""
+        return self._arm
 
 
 # --- resume: which differences from the run's own config keep a resume exact ----------------------------

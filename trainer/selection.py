@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from policy.arms import CapPolicy
 from rewards.outcome import UNRESOLVED, Outcome
-from trainer.arms import CapPolicy
 
 
 @dataclass

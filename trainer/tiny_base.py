@@ -341,9 +341,9 @@ def sample_completions(model, tokenizer, problems: list[str], *, cap: int, sampl
 
 def evaluate_base(model, tokenizer, tasks: list[dict], *, cap: int, samples: int = 8, seed: int = 0) -> dict:
     """pass@1, outcome mix and gate-qualifying share of `samples`-sample groups (SPEC §2-3)."""
+    from policy.arms import gate_v1, gate_v2
     from rewards.grader import GraderPool
     from rewards.outcome import GRADER_VERSION, Outcome
-    from trainer.arms import gate_v1, gate_v2
 
     t0 = time.perf_counter()
     texts, lengths, truncated = sample_completions(

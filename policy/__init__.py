@@ -1,0 +1,1 @@
+"""Cap policies, qualification gates and arms (`policy.arms`): imported by `trainer` and `cards` alike."""

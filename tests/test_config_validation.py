@@ -28,6 +28,7 @@ from trainer.config import CapGRPOConfig, ConfigError, resume_changes
         (["--arm", "S9"], "arm: unknown arm 'S9'"),
         (["--resume_fallback", "true"], "resume_fallback: only meaningful with --resume"),
         (["--groups_per_step", "3"], "groups_per_step × num_generations = 24 rollouts must split evenly"),
+        (["--use_adaptive_entropy", "true"], "use_adaptive_entropy: not supported: stateNNN/ does not hold"),
     ],
 )
 def test_bad_values_are_refused_by_name_before_anything(inputs, capsys, flags, message):  # noqa: F811

@@ -186,6 +186,12 @@ class CapGRPOConfig(GRPOConfig):
             )
         if self.resume_fallback and not self.resume:
             raise ConfigError("resume_fallback: only meaningful with --resume")
+        # TRL saves its adaptive-entropy controller in entropy_ctrl_state.json of its own checkpoints only
+        if self.use_adaptive_entropy:
+            raise ConfigError(
+                "use_adaptive_entropy: not supported: stateNNN/ does not hold TRL's entropy controller, "
+                "so a resume would not be exact"
+            )
         if self.grader not in GRADER_VERSIONS:  # the command line checks `choices`; a YAML recipe does not
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 

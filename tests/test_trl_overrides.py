@@ -1,0 +1,70 @@
+"""The private TRL/transformers methods CapGRPOTrainer overrides or calls, pinned to the signatures they had
+when docs/training.md's table ("Private TRL methods we rely on") was written: an installed TRL that changes
+one fails here, naming the method, before a run trains on a silently different hook."""
+
+import inspect
+
+import pytest
+import torch
+from trl import GRPOTrainer
+
+from trainer.cpu_adamw import CPUAdamW
+from trainer.grpo import CapGRPOTrainer
+
+TRL = "trl.trainer.grpo_trainer.GRPOTrainer"
+HF = "transformers.trainer.Trainer"
+# method -> (the class that defines it in the installed stack, its parameters); recorded on trl 1.16.0 and
+# transformers 5.24.0. Overridden ones first, then those we only call.
+RECORDED = {
+    "_generate_and_score_completions": (TRL, "(self, inputs)"),
+    "_generate_single_turn": (
+        TRL,
+        "(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False)",
+    ),
+    "_calculate_rewards": (TRL, "(self, inputs, prompts, completions, completion_ids_list)"),
+    "_get_per_token_logps_and_entropies": (
+        TRL,
+        "(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False, "
+        "compute_aux_loss=False, pixel_values=None, image_grid_thw=None, num_images=None, "
+        "pixel_attention_mask=None, spatial_shapes=None, num_tiles=None, image_sizes=None, "
+        "token_type_ids=None, mm_token_type_ids=None, image_position_ids=None)",
+    ),
+    "_compute_loss": (TRL, "(self, model, inputs)"),
+    "_load_from_checkpoint": (HF, "(self, resume_from_checkpoint, model=None)"),
+    "_load_optimizer_and_scheduler": (TRL, "(self, checkpoint)"),
+    "_load_rng_state": (HF, "(self, checkpoint)"),
+    "_tokenize_prompts": (TRL, "(self, prompts)"),
+}
+
+
+def parameters(fn) -> str:
+    """Names, kinds and defaults, without annotations (a new type hint is no new contract)."""
+    out = []
+    for p in inspect.signature(fn).parameters.values():
+        star = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+        out.append(star + p.name + ("" if p.default is p.empty else f"={p.default!r}"))
+    return "(" + ", ".join(out) + ")"
+
+
+def owner(cls: type, name: str) -> str:
+    c = next((c for c in cls.__mro__ if name in vars(c)), None)
+    return f"{c.__module__}.{c.__qualname__}" if c else "nowhere"
+
+
+@pytest.mark.parametrize("name", sorted(RECORDED))
+def test_private_trl_method_keeps_its_recorded_signature(name):
+    where, shape = RECORDED[name]
+    assert owner(GRPOTrainer, name) == where, (
+        f"{name}: now defined in {owner(GRPOTrainer, name)}, not {where}"
+    )
+    now = parameters(getattr(GRPOTrainer, name))
+    assert now == shape, f"{name}: the installed TRL has {now}, CapGRPOTrainer was written against {shape}"
+
+
+def test_every_private_override_is_recorded():
+    overridden = {n for n in vars(CapGRPOTrainer) if n.startswith("_") and not n.startswith("__")}
+    private_of_trl = {n for n in overridden if hasattr(GRPOTrainer, n)}
+    assert private_of_trl <= set(RECORDED), f"unrecorded overrides: {sorted(private_of_trl - set(RECORDED))}"
+    # CPUAdamW's helpers are its own, not overrides of torch's Optimizer internals
+    clashes = {n for n in vars(CPUAdamW) if n.startswith("_") and not n.startswith("__")}
+    assert not {n for n in clashes if hasattr(torch.optim.Optimizer, n)}

@@ -28,7 +28,10 @@ from typing import NamedTuple
 from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.utils import validate_repo_id
 
-from cards.card import checkpoint_card, parse_steps, read_run, run_card, write_cards
+from cards.card import parse_steps, write_cards
+from cards.checkpoint_card import checkpoint_card
+from cards.metadata import read_run
+from cards.run_card import run_card
 from trainer.state_shard import StateError, verify_state
 
 logger = logging.getLogger(__name__)

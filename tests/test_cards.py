@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import ModelCard
-from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from cards.card import CardCallback, main, scrub_checkpoint_dir, write_checkpoint_card, write_run_card
+from cards.card import main
+from cards.checkpoint_card import write_checkpoint_card
+from cards.cleanup import scrub_checkpoint_dir
+from cards.run_card import write_run_card
 from policy.arms import ARMS
 from trainer.state_shard import save_state
 
@@ -278,14 +280,6 @@ def test_base_model_readme_and_gitattributes_never_land_in_a_checkpoint(run, tmp
     assert {p.name for p in ckpt.iterdir()} == {"README.md", "config.json", "model.safetensors"}
 
 
-def test_card_callback_writes_the_saved_step_and_the_run_card(run):
-    state = TrainerState(global_step=5)
-    args = TrainingArguments(output_dir=str(run), report_to=[])
-    CardCallback(run).on_save(args, state, TrainerControl())
-    assert "# capgrpo-S2-step005" in (run / "step005" / "README.md").read_text()
-    assert ModelCard.load(run / "README.md").data.model_name == "capgrpo-S2"
-
-
 def test_cli_regenerates_chosen_cards_and_rejects_bad_input(run, capsys):
     main([str(run), "--steps", "2,4"])
     assert (run / "step002" / "README.md").is_file() and (run / "step004" / "README.md").is_file()
@@ -297,14 +291,10 @@ def test_cli_regenerates_chosen_cards_and_rejects_bad_input(run, capsys):
         main([str(run)])
 
 
-def test_card_callback_logs_a_failure_instead_of_stopping_training(run, caplog):
-    state = TrainerState(global_step=3)  # no step003/: the card cannot be written
-    CardCallback(run).on_save(TrainingArguments(output_dir=str(run), report_to=[]), state, TrainerControl())
-    assert "cards for" in caplog.text and "step003" in caplog.text
-
-
 def test_cards_import_neither_the_trainer_nor_torch_training_code():
     """The arrow runs one way: trainer writes cards (cards.card), cards read policy/ and rundir/ only."""
-    code = "import sys, cards.card; print(sorted({m.split('.')[0] for m in sys.modules} & {'trainer', 'trl'}))"
+    code = (
+        "import sys, cards.card; print(sorted({m.split('.')[0] for m in sys.modules} & {'trainer', 'trl'}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -304,7 +304,8 @@ def test_cards_name_the_peer_rule(tmp_path, arm):
     from huggingface_hub import ModelCard
     from test_cards import make_run
 
-    from cards.card import write_checkpoint_card, write_run_card
+    from cards.checkpoint_card import write_checkpoint_card
+    from cards.run_card import write_run_card
 
     run = make_run(tmp_path, "S2")
     meta = json.loads((run / "run.json").read_text())
@@ -331,7 +332,7 @@ def test_card_reports_the_recipes_policy_params(tmp_path):
     from huggingface_hub import ModelCard
     from test_cards import make_run
 
-    from cards.card import write_run_card
+    from cards.run_card import write_run_card
 
     run = make_run(tmp_path, "S2")
     meta = json.loads((run / "run.json").read_text())

@@ -18,7 +18,8 @@ from accelerate.utils import gather_object
 from transformers import TrainerCallback
 from transformers.utils import logging
 
-from cards.card import scrub_checkpoint_dir, write_run_card
+from cards.cleanup import scrub_checkpoint_dir
+from cards.run_card import write_run_card
 from data.eval_sets import HELDOUT
 from rundir.files import Run, read_jsonl, state_dir, step_dir
 from trainer import sharding

@@ -1,0 +1,104 @@
+"""What the cards say about a cap policy: its treatment of unresolved rollouts, gate and reward, in words
+derived from its row of the table in policy/arms.py, and how an arm differs from the control S0."""
+
+import json
+
+from policy.arms import ALL_POLICIES, ARMS, MASKED, NO_REWARD, TRAINED, CapPolicy, Treatment, resolve_arm
+from rundir.files import Run
+
+CONTROL_ARM = "S0"
+
+
+def recorded_policy(run: Run) -> CapPolicy:
+    """The policy as trained: the recorded arm's, with the policy_params of its recipe's `arms:`."""
+    extra = run.meta.get("config", {}).get("arms")
+    try:
+        arm = resolve_arm(run.arm, json.loads(extra) if isinstance(extra, str) else extra)
+    except (ValueError, TypeError):  # an arm this version no longer defines: the bare policy
+        return ALL_POLICIES[run.policy_id]
+    return arm.policy if arm.policy_id == run.policy_id else ALL_POLICIES[run.policy_id]
+
+
+def describe_treatment(t: Treatment, failure_reward: float) -> str:
+    if t == TRAINED:
+        return f"active in the loss with reward {failure_reward:g} (trained as failures)"
+    if t == MASKED:
+        return "masked: their tokens leave the loss and the token-count normaliser"
+    if t == NO_REWARD:
+        return "given no reward (NaN): out of the group baseline, advantage 0, tokens kept in the loss normaliser"
+    return f"in the loss: {t.loss}, in the normaliser: {t.normaliser}, in the baseline: {t.baseline}"
+
+
+def describe_policy(policy: CapPolicy) -> dict[str, str]:
+    """The cards' prose for a policy, derived from its row of the table in trainer/arms.py."""
+    truncated, rejected = (
+        describe_treatment(t, policy.failure_reward) for t in (policy.truncated, policy.format_rejected)
+    )
+    unresolved = (
+        truncated
+        if truncated == rejected
+        else f"split by kind — truncated: {truncated}; format-rejected: {rejected}"
+    )
+    gate = {
+        "v1": "a group trains iff it has at least one correct and at least one completed wrong",
+        "v2": "a group trains iff it has at least one correct and at least one failure of any kind "
+        "(wrong, truncated or format-rejected)",
+        "all": "every group trains (no dynamic sampling; a group whose rewards are all equal has advantage 0)",
+    }[policy.gate]
+    reward = f"1 for correct, {policy.failure_reward:g} for any other gradeable outcome"
+    if policy.overlong_penalty_factor:
+        b = "a fifth of the cap" if policy.overlong_buffer_len is None else f"{policy.overlong_buffer_len}"
+        reward += (
+            f", plus DAPO's soft overlong punishment: −{policy.overlong_penalty_factor:g} × (length − (cap − B)) / B "
+            f"over the last B tokens before the cap (B = {b})"
+        )
+    return {"unresolved": unresolved, "gate": gate, "reward": reward, "source": policy.source}
+
+
+def changes_from_control(run: Run) -> list[str]:
+    """How this arm differs from the control arm S0 (trainer/arms.py), in policy and groups per step."""
+    control = ARMS[CONTROL_ARM]
+    if run.arm == CONTROL_ARM:
+        return [f"This is the control arm ({control.note})."]
+    changes = []
+    policy, base = recorded_policy(run), control.policy
+    kinds = [
+        ("Truncated", policy.truncated, base.truncated),
+        ("Format-rejected", policy.format_rejected, base.format_rejected),
+    ]
+    if all(now == kinds[0][1] and was == kinds[0][2] for _, now, was in kinds):  # one treatment of both kinds
+        kinds = [("Unresolved", policy.truncated, base.truncated)]
+    for kind, now, was in kinds:
+        if now == was:
+            continue
+        if {now, was} == {TRAINED, MASKED}:  # the seed's own switch, in its words
+            trained = f"active (reward {policy.failure_reward:g})"
+            new, old = (trained, "masked") if now == TRAINED else ("masked", "active")
+            change = f"{new} in the loss instead of {old}"
+        else:
+            now_text, was_text = (
+                describe_treatment(now, policy.failure_reward),
+                describe_treatment(was, base.failure_reward),
+            )
+            change = f"{now_text}, instead of {was_text}"
+        of = " (truncated or format-rejected)" if kind == "Unresolved" else ""
+        changes.append(f"{kind} rollouts{of} are {change}.")
+    if (policy.failure_reward, policy.overlong_penalty_factor) != (
+        base.failure_reward,
+        base.overlong_penalty_factor,
+    ):
+        changes.append(f"Reward: {describe_policy(policy)['reward']}.")
+    if policy.gate != base.gate:
+        changes.append(
+            f"Qualification gate {policy.gate} instead of {base.gate}: {describe_policy(policy)['gate']}."
+        )
+    if run.groups_per_step not in (None, control.groups_per_step):
+        changes.append(f"{run.groups_per_step} groups per step instead of {control.groups_per_step}.")
+    if not changes:
+        return [f"Same cap policy and groups per step as the control arm {CONTROL_ARM}."]
+    source = [] if policy.source == base.source else [f"Where the policy comes from: {policy.source}."]
+    return [
+        f"Cap policy `{run.policy_id}` instead of the control's `{control.policy_id}`.",
+        *source,
+        *changes,
+    ]

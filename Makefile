@@ -34,7 +34,7 @@ format:
 	$(PY) -m ruff format .
 
 base:  ## rebuild the shipped embedded base (embedded/) on this machine into $(BASE): hours on a CPU, minutes on a GPU
-	$(PY) -m trainer.tiny_base --out $(BASE) --snapshot $(dir $(BASE))synthetic.tasks.json
+	$(PY) -m embedded.build --out $(BASE) --snapshot $(dir $(BASE))synthetic.tasks.json
 
 train:  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20"]
 	$(PY) -m trainer.train --config $(RECIPE) $(if $(findstring configs/embedded/,$(RECIPE)),--arm $(ARM) --output_dir $(RUN)) $(if $(RESUME),--resume $(RESUME)) $(ARGS)

@@ -56,6 +56,13 @@ from data.prompt import prompt_messages  # noqa: E402
 from data.sampler import TaskSampler  # noqa: E402
 from data.snapshot import load_snapshot, write_snapshot  # noqa: E402
 from data.synthetic import generate_tasks  # noqa: E402
+from embedded.build import (  # noqa: E402
+    SPECIAL_TOKENS,
+    BuildConfig,
+    build_tokenizer,
+    qwen35_config,
+    sampling_config,
+)
 from policy.arms import ARMS  # noqa: E402
 from rewards.grader import BatchReport, Grade  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
@@ -66,13 +73,6 @@ from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
 from trainer.grpo import CapGRPOTrainer  # noqa: E402
 from trainer.sharding import is_sharded  # noqa: E402
-from trainer.tiny_base import (  # noqa: E402
-    SPECIAL_TOKENS,
-    BuildConfig,
-    build_tokenizer,
-    qwen35_config,
-    sampling_config,
-)
 from trainer.train import load_base_model  # noqa: E402
 
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")

@@ -17,7 +17,7 @@ def tiny_base() -> Path:
     test shares it and none builds a model. Treat it as read-only.
 
     Slow tests need the real warm start: GRPO only moves a model that answers some problems."""
-    from trainer.tiny_base import SHIPPED_BASE, BuildConfig, is_complete
+    from embedded.build import SHIPPED_BASE, BuildConfig, is_complete
 
     shipped = REPO / SHIPPED_BASE
     assert is_complete(shipped, BuildConfig()), f"{shipped}: not a complete build of the default BuildConfig"
@@ -29,7 +29,7 @@ def embedded_snapshot(tmp_path_factory) -> Path:
     """The embedded default's synthetic tasks, as a snapshot file (written anew: tests/test_tiny_base.py
     checks that it is byte for byte the shipped embedded/synthetic.tasks.json)."""
     from data.snapshot import write_snapshot
-    from trainer.tiny_base import embedded_tasks
+    from embedded.build import embedded_tasks
 
     path = tmp_path_factory.mktemp("snap") / "synthetic.tasks.json"
     write_snapshot(embedded_tasks(), path)

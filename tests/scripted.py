@@ -8,11 +8,11 @@ a test checks can be computed by hand.
 from trl import GRPOTrainer
 
 from data.sampler import TaskSampler
+from embedded.build import BuildConfig, build_model, build_tokenizer
 from rewards.grader import BatchReport, Grade
 from rewards.outcome import GRADER_VERSION, Outcome
 from trainer.config import CapGRPOConfig
 from trainer.grpo import CapGRPOTrainer
-from trainer.tiny_base import BuildConfig, build_model, build_tokenizer
 
 G = 4
 CAP = 24

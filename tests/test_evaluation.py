@@ -21,6 +21,7 @@ from transformers import (  # noqa: E402
 
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.snapshot import snapshot_sha256, write_snapshot  # noqa: E402
+from embedded.build import qwen35_config  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rundir.files import ROW_FIELDS, eval_path, summarize, write_eval  # noqa: E402
 from trainer.evaluation import (  # noqa: E402
@@ -32,7 +33,6 @@ from trainer.evaluation import (  # noqa: E402
     run_eval,
     sample_seed,
 )
-from trainer.tiny_base import qwen35_config  # noqa: E402
 
 SPECIALS = (
     "<|endoftext|> <|im_start|> <|im_end|> <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>"

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer, Qwen3_5ForConditionalGeneration
 
 from data.prompt import render_prompt
-from trainer.tiny_base import embedded_eval_sets, embedded_tasks
+from embedded.build import embedded_eval_sets, embedded_tasks
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent

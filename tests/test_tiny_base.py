@@ -11,8 +11,7 @@ from transformers import AutoTokenizer, GenerationConfig, Qwen3_5ForConditionalG
 
 from data.prompt import SYSTEM_PROMPT, prompt_messages, render_prompt
 from data.synthetic import generate_tasks
-from rewards.outcome import Outcome
-from trainer.tiny_base import (
+from embedded.build import (
     ARCHITECTURE,
     MANIFEST,
     BuildConfig,
@@ -22,6 +21,7 @@ from trainer.tiny_base import (
     evaluate_base,
     is_complete,
 )
+from rewards.outcome import Outcome
 
 CFG = BuildConfig()
 
@@ -160,8 +160,8 @@ def test_trl_grpo_trainer_loads_and_steps_with_the_saved_base(tiny_base, tmp_pat
 def test_sft_pool_seeds_every_outcome_the_base_must_show():
     """The warm-start styles give the base unboxed answers, re-check loops that outrun the cap, miscopied
     answers and plain solutions, in about the configured shares, each graded as intended."""
+    from embedded.build import EMBEDDED_CAP, RECHECK, sft_pool
     from rewards.grader import grade
-    from trainer.tiny_base import EMBEDDED_CAP, RECHECK, sft_pool
 
     cfg = BuildConfig(sft_pool_size=600)
     pool = sft_pool(cfg, exclude_problems=set())
@@ -194,7 +194,7 @@ def test_sft_pool_seeds_every_outcome_the_base_must_show():
 
 def test_shipped_snapshot_is_what_the_generator_writes(embedded_snapshot):
     """embedded/synthetic.tasks.json (what the recipes read) is exactly the embedded snapshot rebuilt here."""
-    from trainer.tiny_base import SHIPPED_SNAPSHOT
+    from embedded.build import SHIPPED_SNAPSHOT
 
     shipped = Path(__file__).resolve().parent.parent / SHIPPED_SNAPSHOT
     assert shipped.read_bytes() == embedded_snapshot.read_bytes(), shipped
@@ -204,7 +204,7 @@ def test_shipped_snapshot_is_what_the_generator_writes(embedded_snapshot):
 def test_shipped_base_answers_some_problems_and_fails_in_every_way(tiny_base):
     """The shipped base is a real starting point for GRPO (issue targets, on a sample of held-out problems):
     it answers a share of the problems, and is truncated, format-rejected and completed-wrong on others."""
-    from trainer.tiny_base import EMBEDDED_CAP, embedded_eval_sets, embedded_tasks
+    from embedded.build import EMBEDDED_CAP, embedded_eval_sets, embedded_tasks
 
     tok, model = _load(tiny_base)
     tasks = embedded_tasks()

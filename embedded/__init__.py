@@ -1,0 +1,1 @@
+"""The embedded default: the shipped base (`base/`) and task snapshot, and their builder (`embedded.build`)."""

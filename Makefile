@@ -1,9 +1,13 @@
 # Two commands for a newcomer: `make setup && make train ARM=S2`, and `make test`.
 PY ?= .venv/bin/python
 ARM ?= S2
-# An arm without its own embedded recipe (the peer arms, policy/arms.py) runs on the S2 recipe with --arm.
-RECIPE ?= $(or $(wildcard configs/embedded/$(ARM).yaml),configs/embedded/S2.yaml)
-RUN ?= runs/$(ARM)
+# One recipe per setup, the arm from ARM (any arm of policy/arms.py): configs/embedded.yaml (default),
+# configs/mimo9b.yaml, configs/mimo9b-lora.yaml. A recipe of your own keeps its `arm:` and `output_dir:` unless
+# ARM or RUN is given on the command line.
+RECIPE ?= configs/embedded.yaml
+SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml,$(RECIPE))
+RUN ?= runs/$(if $(filter configs/mimo9b%,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
+given = $(or $(SHIPPED),$(filter command line,$(origin $(1))))
 BASE ?= artifacts/base
 ARMS ?= S0,S2,S4
 SEEDS ?=
@@ -37,7 +41,7 @@ base:  ## rebuild the shipped embedded base (embedded/) on this machine into $(B
 	$(PY) -m embedded.build --out $(BASE) --snapshot $(dir $(BASE))synthetic.tasks.json
 
 train:  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20"]
-	$(PY) -m trainer.train --config $(RECIPE) $(if $(findstring configs/embedded/,$(RECIPE)),--arm $(ARM) --output_dir $(RUN)) $(if $(RESUME),--resume $(RESUME)) $(ARGS)
+	$(PY) -m trainer.train --config $(RECIPE) $(if $(call given,ARM),--arm $(ARM)) $(if $(call given,RUN),--output_dir $(RUN)) $(if $(RESUME),--resume $(RESUME)) $(ARGS)
 
 eval:  ## make eval RUN=runs/S2 STEPS=20,29 [CAP=24576]: evaluate saved checkpoints after the fact
 	$(PY) -m trainer.evaluation $(RUN) --steps $(STEPS) $(if $(CAP),--cap $(CAP))
@@ -50,7 +54,7 @@ compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 	$(PY) -m analysis.compare '$(A)' '$(B)' $(if $(A_STEP),--a-step $(A_STEP)) $(if $(B_STEP),--b-step $(B_STEP)) $(if $(OUT),--out $(OUT))
 
 experiment:  ## make experiment [ARMS=S0,S2,S4] [SEEDS=0,1,2] [OUT=docs/experiment-embedded]: train every arm (control first) from the embedded recipe, compare each with the control
-	$(PY) -m trainer.experiment --recipe configs/embedded/S2.yaml --arms $(ARMS) $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS) $(if $(OUT),--out $(OUT)) $(if $(ARGS),-- $(ARGS))
+	$(PY) -m trainer.experiment --recipe configs/embedded.yaml --arms $(ARMS) $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS) $(if $(OUT),--out $(OUT)) $(if $(ARGS),-- $(ARGS))
 
 card:  ## make card RUN=runs/S2 [CONTROL=runs/S0] [STEPS=10,20]: regenerate the run's cards
 	$(PY) -m cards.card $(RUN) $(if $(CONTROL),--control $(CONTROL)) $(if $(STEPS),--steps $(STEPS))

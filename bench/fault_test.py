@@ -33,7 +33,7 @@ from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("trainer", "data", "rewards", "cards", "analysis")
-RECIPE = "configs/embedded/S2.yaml"
+RECIPE = "configs/embedded.yaml"
 sys.path.insert(0, str(REPO))
 from rundir.files import read_jsonl  # noqa: E402
 from trainer.state_shard import load_state  # noqa: E402

@@ -44,7 +44,8 @@ from transformers import (  # noqa: E402
 from data.prompt import SYSTEM_PROMPT, prompt_messages  # noqa: E402
 from data.synthetic import generate_tasks  # noqa: E402
 
-# --- embedded defaults (the trainer recipe reads these) ------------------------------------------
+# --- embedded defaults: configs/embedded.yaml repeats them (a recipe is plain YAML and imports nothing);
+# tests/test_tiny_base.py checks that the two agree ---------------------------------------------------
 EMBEDDED_CAP = (
     160  # completion tokens: every reference solution fits (but 0.8% at level 5), re-check loops often do not
 )

@@ -62,7 +62,7 @@ def test_every_arm_and_seed_is_one_run_of_the_same_recipe(launched, tmp_path):
     assert runs == [
         (arm, str(r / f"{arm}-s{seed}"), str(seed)) for arm in ("S0", "S2", "DAPO-SOFT") for seed in (0, 1)
     ]
-    assert {flag(c, "--config") for c in launched["train"]} == {"configs/embedded/S2.yaml"}
+    assert {flag(c, "--config") for c in launched["train"]} == {"configs/embedded.yaml"}
     assert all(c[-2:] == ["--max_steps", "3"] for c in launched["train"])  # extra arguments reach every run
     # every arm but the control is compared with the control, all seeds at once
     assert [(c[3], c[4], flag(c, "--out")) for c in launched["compare"]] == [

@@ -207,7 +207,7 @@ def test_vllm_eval_builds_one_seeded_request_per_sample(tiny, monkeypatch):
 
 
 # --- recipes ---------------------------------------------------------------------------------------------
-RECIPES = sorted((REPO / "configs/mimo9b").glob("*.yaml"))
+RECIPES = sorted(REPO.glob("configs/mimo9b*.yaml"))
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
@@ -216,9 +216,9 @@ def test_recipes_parse(recipe, monkeypatch):
     monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: True)
     # bf16 recipes need `use_cpu` to parse on a machine without a GPU; nothing else is overridden
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
-        ["--config", str(recipe), "--use_cpu", "true"]
+        ["--config", str(recipe), "--arm", "S4", "--use_cpu", "true"]
     )
-    assert args.arm == recipe.stem.split("-")[0] and args.bf16 and args.use_vllm
+    assert args.arm == "S4" and args.resolved_arm().policy.gate == "v2" and args.bf16 and args.use_vllm
     assert args.vllm_mode == "colocate" and args.max_completion_length == 8192
     rollouts = args.groups_per_step * args.num_generations
     assert args.gradient_accumulation_steps * args.per_device_train_batch_size == rollouts
@@ -241,7 +241,7 @@ def test_recipe_asking_for_vllm_falls_back_without_it(monkeypatch):
     monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: False)
     with pytest.warns(UserWarning, match="vLLM is not installed"):
         args, _ = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
-            ["--config", str(REPO / "configs/mimo9b/S2.yaml"), "--use_cpu", "true"]
+            ["--config", str(REPO / "configs/mimo9b.yaml"), "--use_cpu", "true"]
         )
     assert not args.use_vllm
 
@@ -252,7 +252,7 @@ def test_deepspeed_launch_refuses_eval_and_resume(extra, monkeypatch, tmp_path):
     from trainer import train
 
     extra = [x.format(run=tmp_path / "run") for x in extra]  # a resume continues output_dir in place
-    argv = ["--config", str(REPO / "configs/embedded/S2.yaml"), "--output_dir", str(tmp_path / "run"), *extra]
+    argv = ["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(tmp_path / "run"), *extra]
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
     monkeypatch.setenv(
         "ACCELERATE_USE_DEEPSPEED", "true"

@@ -57,7 +57,15 @@ def ending_margin(model, tokenizer, tasks) -> float:
 
 def test_s2_steps_push_unboxed_endings_down(tiny_base, embedded_snapshot, tmp_path):
     out = tmp_path / "S2"
-    cmd = [sys.executable, "-m", "trainer.train", "--config", str(REPO / "configs/embedded/S2.yaml")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.train",
+        "--config",
+        str(REPO / "configs/embedded.yaml"),
+        "--arm",
+        "S2",
+    ]
     cmd += ["--model_name_or_path", str(tiny_base), "--snapshot_path", str(embedded_snapshot)]
     cmd += ["--output_dir", str(out)]
     for k, v in RUN.items():

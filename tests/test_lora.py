@@ -1,4 +1,4 @@
-"""LoRA through `trainer.train.build_trainer` with configs/mimo9b/S2-lora.yaml's adapter settings, on the tiny
+"""LoRA through `trainer.train.build_trainer` with configs/mimo9b-lora.yaml's adapter settings, on the tiny
 random model: one step trains only the adapter, and stepNNN/ is an adapter with a card that says so."""
 
 import json
@@ -19,7 +19,7 @@ from trainer.config import CapGRPOConfig
 
 G = 4
 CAP = 24
-RECIPE = Path(__file__).resolve().parent.parent / "configs/mimo9b/S2-lora.yaml"
+RECIPE = Path(__file__).resolve().parent.parent / "configs/mimo9b-lora.yaml"
 
 
 class GradRecorder(TrainerCallback):

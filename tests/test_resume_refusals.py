@@ -54,7 +54,7 @@ def inputs(tmp_path, monkeypatch) -> dict:
 
 
 def argv(inputs: dict, *extra: str) -> list[str]:
-    return ["--config", str(REPO / "configs/embedded/S2.yaml"), "--output_dir", str(inputs["run"]),
+    return ["--config", str(REPO / "configs/embedded.yaml"), "--arm", "S2", "--output_dir", str(inputs["run"]),
             "--model_name_or_path", str(inputs["base"]), "--snapshot_path", str(inputs["snapshot"]),
             "--snapshot_sha256", hashlib.sha256(inputs["snapshot"].read_bytes()).hexdigest(),
             "--report_to", "none", "--checkpoint_steps", "2", "3", *extra]  # fmt: skip

@@ -200,6 +200,28 @@ def test_shipped_snapshot_is_what_the_generator_writes(embedded_snapshot):
     assert shipped.read_bytes() == embedded_snapshot.read_bytes(), shipped
 
 
+def test_embedded_recipe_repeats_the_builder_constants():
+    """configs/embedded.yaml hard-codes what embedded/build.py builds with: the cap the base's failure modes
+    were seeded against, the eval-set sizes, the shipped base and snapshot (sha256 pinned)."""
+    import yaml
+
+    from embedded import build
+
+    repo = Path(__file__).resolve().parent.parent
+    recipe = yaml.safe_load((repo / "configs/embedded.yaml").read_text())
+    assert recipe["max_completion_length"] == build.EMBEDDED_CAP
+    assert (recipe["heldout_size"], recipe["fixed_size"]) == (
+        build.EMBEDDED_HELDOUT_SIZE,
+        build.EMBEDDED_FIXED_SIZE,
+    )
+    assert recipe.get("eval_set_seed", 0) == build.EMBEDDED_EVAL_SETS_SEED  # CapGRPOConfig's default is 0
+    assert Path(recipe["model_name_or_path"]) == build.SHIPPED_BASE
+    assert Path(recipe["snapshot_path"]) == build.SHIPPED_SNAPSHOT
+    sha = hashlib.sha256((repo / build.SHIPPED_SNAPSHOT).read_bytes()).hexdigest()
+    assert recipe["snapshot_sha256"] == sha
+    assert "arm" not in recipe and "output_dir" not in recipe  # both come from the command line
+
+
 @pytest.mark.slow
 def test_shipped_base_answers_some_problems_and_fails_in_every_way(tiny_base):
     """The shipped base is a real starting point for GRPO (issue targets, on a sample of held-out problems):

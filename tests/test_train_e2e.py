@@ -42,7 +42,7 @@ SMALL = {
 def train_args(base: Path, snapshot: Path, arm: str = "S4", **extra) -> list[str]:
     """`trainer.train`'s arguments for the SMALL run of an embedded recipe."""
     args = {**SMALL, "model_name_or_path": base, "snapshot_path": snapshot, **extra}
-    cli = ["--config", str(REPO / f"configs/embedded/{arm}.yaml")]
+    cli = ["--config", str(REPO / "configs/embedded.yaml"), "--arm", arm]
     for k, v in args.items():
         cli += [f"--{k}", *str(v).split()]
     return cli

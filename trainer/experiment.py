@@ -1,6 +1,6 @@
 """An experiment: several arms (and training seeds) trained from one recipe, each compared with the control.
 
-    python -m trainer.experiment --recipe configs/embedded/S2.yaml --arms S0,S2 [--seeds 0,1,2]
+    python -m trainer.experiment --recipe configs/embedded.yaml --arms S0,S2 [--seeds 0,1,2]
         [--runs runs] [--out comparisons] [--jobs 2] [-- extra trainer arguments]
 
 Every run is `python -m trainer.train --config <recipe> --arm <arm> --output_dir <runs>/<name>`, where name
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     ap = argparse.ArgumentParser(prog="python -m trainer.experiment", description=__doc__.splitlines()[0])
-    ap.add_argument("--recipe", default="configs/embedded/S2.yaml", help="the recipe every arm runs")
+    ap.add_argument("--recipe", default="configs/embedded.yaml", help="the recipe every arm runs")
     ap.add_argument("--arms", default="S0,S2", help="comma-separated; the first is the control")
     ap.add_argument("--seeds", default="", help="comma-separated training seeds (default: the recipe's)")
     ap.add_argument("--runs", type=Path, default=Path("runs"), help="parent folder of the run directories")

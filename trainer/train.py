@@ -1,4 +1,4 @@
-"""Train one arm: `python -m trainer.train --config configs/embedded/S2.yaml [--field value ...]`.
+"""Train one arm: `python -m trainer.train --config configs/embedded.yaml --arm S2 [--field value ...]`.
 
 Every field of `CapGRPOConfig` (TRL's `GRPOConfig` + ours) and TRL's `ModelConfig` can be set in the YAML
 recipe or overridden on the command line (`TrlParser`).

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cards.checkpoint_card import build_checkpoint_card
 from cards.metadata import read_run
-from cards.run_card import build_run_card, write_run_card  # noqa: F401  (trainer/grpo.py imports it from here)
+from cards.run_card import build_run_card
 
 
 def write_cards(

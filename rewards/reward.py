@@ -28,8 +28,9 @@ class OutcomeReward:
 
     A completion is truncated iff its token ids are empty or do not end with an EOS id (TRL keeps the
     EOS token in `completion_ids`). The reference answer comes from the dataset column `answer`.
-    After each call `last_grades` holds the grade of every completion, in order, and `last_report` the
-    pool's `BatchReport` (grader time lost to timeouts, items past the batch deadline, ...) for logging.
+    `grade` returns the grade of every completion (what the trainer's selection keeps); after each call
+    `last_report` holds the pool's `BatchReport` (grader time lost to timeouts, items past the batch
+    deadline, ...) for logging.
     """
 
     __name__ = "outcome_reward"
@@ -39,10 +40,14 @@ class OutcomeReward:
             raise ValueError("OutcomeReward needs at least one EOS token id to tell truncated rollouts apart")
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.pool = pool
-        self.last_grades: list[Grade] = []
         self.last_report = BatchReport()
 
     def __call__(self, prompts, completions, completion_ids, answer, **kwargs) -> list[float | None]:
+        grades = self.grade(completions, completion_ids, answer)
+        return [None if g.outcome is Outcome.INDETERMINATE else reward_of(g.outcome) for g in grades]
+
+    def grade(self, completions, completion_ids, answer) -> list[Grade]:
+        """One grade per completion, in order; the pool's report of the batch goes to `last_report`."""
         if not (len(completions) == len(completion_ids) == len(answer)):
             raise ValueError(
                 f"outcome_reward: completions, completion_ids and answer differ in length "
@@ -50,10 +55,6 @@ class OutcomeReward:
             )
         truncated = [len(ids) == 0 or int(ids[-1]) not in self.eos_token_ids for ids in completion_ids]
         pool = self.pool or default_pool()
-        self.last_grades = pool.grade_batch(
-            [completion_text(c) for c in completions], list(answer), truncated
-        )
+        grades = pool.grade_batch([completion_text(c) for c in completions], list(answer), truncated)
         self.last_report = pool.last_report
-        return [
-            None if g.outcome is Outcome.INDETERMINATE else reward_of(g.outcome) for g in self.last_grades
-        ]
+        return grades

@@ -48,7 +48,7 @@ def test_rewards_and_truncation_from_token_ids(pool):
         prompts=["p"] * 7, completions=completions, completion_ids=completion_ids, answer=["4"] * 7
     )
     assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, None]
-    assert [g.outcome for g in reward.last_grades] == [
+    assert [g.outcome for g in reward.grade(completions, completion_ids, ["4"] * 7)] == [
         Outcome.CORRECT,
         Outcome.WRONG,
         Outcome.FORMAT_REJECTED,
@@ -78,7 +78,7 @@ def test_conversational_completions_use_the_last_assistant_message(pool):
     rewards = reward(prompts=[[]] * 4, completions=completions, completion_ids=[[EOS]] * 4, answer=["3"] * 4)
     assert rewards == [1.0, 1.0, 1.0, 0.0]
     assert completion_text(completions[0]) == "\\boxed{\\frac{6}{2}}"
-    assert reward.last_grades[3].outcome is Outcome.FORMAT_REJECTED
+    assert reward.grade(completions, [[EOS]] * 4, ["3"] * 4)[3].outcome is Outcome.FORMAT_REJECTED
 
 
 def test_trl_sees_the_name_and_the_none(pool):

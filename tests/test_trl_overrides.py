@@ -68,3 +68,21 @@ def test_every_private_override_is_recorded():
     # CPUAdamW's helpers are its own, not overrides of torch's Optimizer internals
     clashes = {n for n in vars(CPUAdamW) if n.startswith("_") and not n.startswith("__")}
     assert not {n for n in clashes if hasattr(torch.optim.Optimizer, n)}
+
+
+def test_our_trainer_attributes_do_not_shadow_trls():
+    """An attribute of ours named like one of TRL's or the Trainer's would silently replace theirs (TRL keeps
+    its generation counter in `self._step`); `optimizer` is the one we mean to set (create_optimizer)."""
+    import re
+    import sys
+
+    import transformers.trainer
+
+    import trainer.grpo
+
+    assigned = re.compile(r"self\.(\w+)\s*(?::[^=\n]+)?=[^=]")
+    ours = set(assigned.findall(inspect.getsource(trainer.grpo)))
+    theirs = set()
+    for module in (sys.modules[GRPOTrainer.__module__], transformers.trainer):
+        theirs |= set(assigned.findall(inspect.getsource(module)))
+    assert ours & theirs == {"optimizer"}, sorted(ours & theirs)

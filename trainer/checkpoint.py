@@ -222,6 +222,7 @@ class CheckpointCallback(TrainerCallback):
 
     def __init__(self, trainer, run_dir: Path, base_dir: Path):
         self.trainer, self.run_dir, self.base_dir = trainer, Path(run_dir), Path(base_dir)
+        self.last_seconds = 0.0  # the last save's duration, until StepsLog puts it in the next row
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         step = state.global_step
@@ -236,7 +237,7 @@ class CheckpointCallback(TrainerCallback):
             scrub_checkpoint_dir(step_dir(self.run_dir, step), self.base_dir)  # also writes our card
             write_run_card(self.run_dir)
         self.trainer.accelerator.wait_for_everyone()
-        self.trainer.last_save_seconds = time.perf_counter() - t0
+        self.last_seconds = time.perf_counter() - t0
 
 
 # --- resume -------------------------------------------------------------------------------------------

@@ -8,12 +8,15 @@ What we change, each at the narrowest hook:
 - the reward: outcomes are graded once during selection and reused (`_calculate_rewards`);
 - which tokens carry loss: the cap policy's loss mask goes in TRL's `tool_mask` slot, which TRL applies to
   the loss, to the token-count normaliser and to its entropy/clip metrics.
+One `StepRollouts` carries a step's selected rollouts from selection to the loss: TRL's scoring calls back
+into `_generate_single_turn` and `_calculate_rewards`, which read it, and `_apply_cap_policy` masks from it.
 """
 
 import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +26,8 @@ from datasets import Dataset
 from trl import GRPOTrainer
 from trl.models import unwrap_model_for_generation
 
-from cards.card import write_run_card
 from cards.push import push
+from cards.run_card import write_run_card
 from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
@@ -40,6 +43,25 @@ def step_tickets(args: CapGRPOConfig) -> Dataset:
     """The Trainer's dataset: one epoch = one optimizer step. Problems come from the task sampler instead,
     because how many a step needs is only known after grading."""
     return Dataset.from_dict({"prompt": [prompt_messages("")] * args.groups_per_step})
+
+
+@dataclass(frozen=True)
+class StepRollouts:
+    """This process's share of one optimizer step's selected rollouts, in training order, from selection to
+    the loss. `active`: the row carries loss; `counted`: its tokens count in the token normaliser (both False
+    for every row of a filler group, for indeterminate rollouts, and as the cap policy says otherwise)."""
+
+    prompts: list[list[dict]]  # chat messages, one per rollout
+    answers: list[str]
+    completion_ids: list[list[int]]
+    logprobs: list[list[float]] | None  # the sampler's, when the generation backend returns them
+    outcomes: list[Outcome]
+    active: list[bool]
+    counted: list[bool]
+
+    def inputs(self) -> list[dict]:
+        """What TRL's `_generate_and_score_completions` is handed: the prompts (and the reference answers)."""
+        return [{"prompt": p, "answer": a} for p, a in zip(self.prompts, self.answers, strict=True)]
 
 
 class CapGRPOTrainer(GRPOTrainer):
@@ -65,11 +87,13 @@ class CapGRPOTrainer(GRPOTrainer):
             self.generation_shapes = generation.FixedShapes(
                 rows, args.prompt_multiple, args.max_completion_length
             )
-        self.step_record: dict[str, Any] = {}
-        self._pending_rollouts: list[tuple[list[int], Any]] | None = None
+        self.step_record: dict[
+            str, Any
+        ] = {}  # steps.jsonl's row of the step in progress (StepsLog writes it)
+        self._selected: StepRollouts | None = None  # set while TRL scores the selected rollouts, else None
+        self._train_started: float | None = None  # when the step's batch was ready (its `seconds.train`)
         self._step_logps: list[torch.Tensor] = []
         self._resume: tuple[dict, dict] | None = None  # (tensors, meta) of the stateNNN/ being resumed
-        self.last_save_seconds = 0.0
 
     # --- selection ----------------------------------------------------------------------------------
     def _sample_round(self, task_ids: list[str]) -> list[Group]:
@@ -84,8 +108,7 @@ class CapGRPOTrainer(GRPOTrainer):
         t1 = time.perf_counter()
         texts = self.processing_class.batch_decode(completion_ids, skip_special_tokens=True)
         answers = [self.tasks[t]["answer"] for t in mine for _ in range(G)]
-        self.outcome_reward(prompts, texts, completion_ids, answer=answers)
-        grades = self.outcome_reward.last_grades
+        grades = self.outcome_reward.grade(texts, completion_ids, answers)
         t2 = time.perf_counter()
         seconds = self.step_record["seconds"]
         seconds["generate"] += t1 - t0
@@ -158,66 +181,82 @@ class CapGRPOTrainer(GRPOTrainer):
             "grader": Counter(),
         }
         groups, trained, selection = self._select()
-        rows = []  # every rollout of the step, in global order; each process trains its contiguous slice
+        step = self._step_rollouts(groups, trained)
+        self._selected = step  # read by the two hooks TRL calls back into while it scores these rollouts
+        try:
+            output = super()._generate_and_score_completions(step.inputs())
+        finally:
+            self._selected = None
+        output = self._apply_cap_policy(output, step)
+        self._record_selection(selection, groups, trained, output)
+        self._train_started = time.perf_counter()
+        return output
+
+    def _step_rollouts(self, groups: list[Group], trained: list[bool]) -> StepRollouts:
+        """Every rollout of the step in global order, cut to this process's contiguous slice."""
+        rows = []
         for group, ok in zip(groups, trained, strict=True):
-            problem, answer = self.tasks[group.task_id]["problem"], self.tasks[group.task_id]["answer"]
+            task = self.tasks[group.task_id]
             for ids, logps, outcome, _ in group.rollouts:
                 outcome = Outcome(outcome)
-                row = {
-                    "prompt": prompt_messages(problem),
-                    "answer": answer,
-                    "outcome": outcome,
-                    "active": ok and self.policy.carries_loss(outcome),
-                    "counted": ok and self.policy.counts_in_normaliser(outcome),
-                }
-                rows.append((row, (ids, logps)))
+                rows.append(
+                    (
+                        prompt_messages(task["problem"]),
+                        task["answer"],
+                        ids,
+                        logps,
+                        outcome,
+                        ok and self.policy.carries_loss(outcome),
+                        ok and self.policy.counts_in_normaliser(outcome),
+                    )
+                )
         share = len(rows) // self.accelerator.num_processes
         mine = rows[self.accelerator.process_index * share :][:share]
-        batch = [inp for inp, _ in mine]
-        self._pending_rollouts = [rollout for _, rollout in mine]
-        output = super()._generate_and_score_completions(batch)
-        output = self._apply_cap_policy(output, batch)
-        self._record_selection(selection, groups, trained, output)
-        self._t_trained_from = time.perf_counter()
-        return output
+        prompts, answers, ids, logps, outcomes, active, counted = (list(c) for c in zip(*mine, strict=True))
+        logprobs = None if logps[0] is None else logps
+        return StepRollouts(prompts, answers, ids, logprobs, outcomes, active, counted)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, **kwargs):
         # During training the rollouts were generated (and graded) by selection rounds; hand them to TRL.
-        if self._pending_rollouts is None:
+        if self._selected is None:
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, **kwargs
             )
-        rollouts, self._pending_rollouts = self._pending_rollouts, None
-        assert len(rollouts) == len(prompt_ids), "selected rollouts and prompts out of step"
-        logprobs = None if rollouts[0][1] is None else [lp for _, lp in rollouts]
-        return [ids for ids, _ in rollouts], logprobs
+        assert len(self._selected.completion_ids) == len(prompt_ids), (
+            "selected rollouts and prompts out of step"
+        )
+        return self._selected.completion_ids, self._selected.logprobs
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # Outcomes were graded once during selection; grading again would double the grader's cost.
         # The cap policy turns outcome and length into the reward (NaN: out of the baseline, advantage 0).
-        if "outcome" not in inputs[0]:
+        if self._selected is None:
             return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         cap = self.args.max_completion_length
         rewards = [
-            [self.policy.reward(x["outcome"], len(ids), cap)]
-            for x, ids in zip(inputs, completion_ids_list, strict=True)
+            [self.policy.reward(outcome, len(ids), cap)]
+            for outcome, ids in zip(self._selected.outcomes, completion_ids_list, strict=True)
         ]
         return gather(torch.tensor(rewards, device=self.accelerator.device))
 
-    def _apply_cap_policy(self, output: dict, batch: list[dict]) -> dict:
+    def _apply_cap_policy(self, output: dict, step: StepRollouts) -> dict:
         """Rows that carry no loss (policy-masked, indeterminate, padding) leave the loss; the normaliser counts
         the rows the policy counts (the same rows for every policy but one that splits them, see arms.py)."""
         device, completion = self.accelerator.device, output["completion_mask"]
 
-        def row_mask(key: str) -> torch.Tensor:
-            rows = torch.tensor([x[key] for x in batch], device=device)
-            mask = rows[:, None].expand_as(completion).to(completion.dtype)
+        def row_mask(rows: list[bool]) -> torch.Tensor:
+            mask = torch.tensor(rows, device=device)[:, None].expand_as(completion).to(completion.dtype)
             return mask * output["tool_mask"] if "tool_mask" in output else mask
 
-        counted = row_mask("counted")
-        output["tool_mask"] = row_mask("active").contiguous()
+        counted = row_mask(step.counted)
+        output["tool_mask"] = row_mask(step.active).contiguous()
         output["num_items_in_batch"] = gather((completion * counted).sum()).sum()
         return output
+
+    def record_train_seconds(self) -> None:
+        """`seconds.train` of the step in progress: from its selected batch to now (StepsLog, at step end)."""
+        if self._train_started is not None:
+            self.step_record["seconds"]["train"] = time.perf_counter() - self._train_started
 
     def _record_selection(self, selection: Selection, groups, trained, output) -> None:
         sampled = [o for g in selection.sampled for o in g.outcomes]

@@ -2,7 +2,6 @@
 
 import json
 import os
-import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -103,18 +102,20 @@ def truncate_steps(run_dir: Path, *, after: int) -> None:
 class StepsLog(TrainerCallback):
     """Appends one row per optimizer step to results/steps.jsonl as the step's log is emitted.
 
+    The row is the trainer's `step_record` (selection, outcomes, timings), its log-prob statistics and TRL's
+    loss/learning rate/grad norm, plus what the other two callbacks report: the evaluation of this step
+    (`eval_callback.last_*`) and the save that followed the previous step (`checkpoint_callback.last_seconds`).
     Rows are flushed and fsynced one by one, so a crash loses at most the step in flight.
     """
 
-    def __init__(self, trainer, run_dir: Path, eval_callback=None):
+    def __init__(self, trainer, run_dir: Path, eval_callback=None, checkpoint_callback=None):
         self.trainer = trainer
         self.path = Path(run_dir) / "results" / "steps.jsonl"
         self.eval_callback = eval_callback
+        self.checkpoint_callback = checkpoint_callback
 
     def on_step_end(self, args, state, control, **kwargs):
-        t0 = getattr(self.trainer, "_t_trained_from", None)
-        if t0 is not None:
-            self.trainer.step_record["seconds"]["train"] = time.perf_counter() - t0
+        self.trainer.record_train_seconds()  # before evaluation (the next callback) starts
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -138,7 +139,8 @@ class StepsLog(TrainerCallback):
             row["seconds"]["eval"] = ev.last_seconds
         # Saving runs after this row is written (a state never exists without its row), so a row reports
         # the save that followed the previous step.
-        row["seconds"]["save"], trainer.last_save_seconds = trainer.last_save_seconds, 0.0
+        if (ck := self.checkpoint_callback) is not None:
+            row["seconds"]["save"], ck.last_seconds = ck.last_seconds, 0.0
         row["seconds"] = {k: round(v, 4) for k, v in row["seconds"].items()}
         if state.is_world_process_zero:
             self.path.parent.mkdir(parents=True, exist_ok=True)

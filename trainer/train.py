@@ -188,11 +188,14 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
             grade_fn=grader.grade_batch,
             log_fn=trainer.log_eval_metrics,
         )
-    # Order matters: train time is closed, then evaluation runs, then the step's row, then saving.
-    trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb))
+    # The Trainer calls callbacks in the order added, and a step's end goes: train time closed (StepsLog), then
+    # evaluation (EvalCallback), then the row with both (StepsLog.on_log), then saving (CheckpointCallback),
+    # whose duration the next row reports.
+    saver = CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path))
+    trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb, checkpoint_callback=saver))
     if eval_cb is not None:
         trainer.add_callback(eval_cb)
-    trainer.add_callback(CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path)))
+    trainer.add_callback(saver)
     trainer.resume_state = None
     if resume is not None:  # rows of steps past the state are redone (identically); a state-less run restarts
         if resume.state is not None:

@@ -178,3 +178,39 @@ def test_compiled_greedy_equals_eager_on_cuda(embedded):
             generation.cut_after_eos(w, eos) for w in want
         ]
     model.cpu()
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_training_forward_logprobs_of_sampled_tokens_match_the_generators(device, embedded):
+    """The fixed-shape generator samples from the policy the loss scores: the full-sequence forward (what the
+    training pass computes) gives the sampled tokens the log-probs the generator's own logits gave them."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the compiled decode step runs on CUDA only")
+    model, tok, prompts = embedded
+    model = model.to(device, torch.bfloat16 if device == "cuda" else torch.float32)
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    shapes = generation.FixedShapes(rows=len(prompts), prompt_multiple=64, max_new_tokens=NEW)
+    sampling = GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW, pad_token_id=pad,
+        eos_token_id=eos, output_logits=True, return_dict_in_generate=True, disable_compile=True,
+    )  # fmt: skip
+    config = generation.compiled_config(sampling, shapes, max(map(len, prompts)))
+    width = shapes.width(max(map(len, prompts)))
+    ids, mask = generation.pad_left(prompts, width, pad, model.device)
+    torch.manual_seed(0)
+    with torch.no_grad(), generation.eval_mode(model):
+        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        sampled = out.sequences[:, width:]
+        generator = torch.stack(out.logits, 1).float().log_softmax(-1).gather(-1, sampled[..., None])[..., 0]
+        # after a row's EOS generate pads; those positions carry no loss
+        alive = (sampled == eos).int().cumsum(1) - (sampled == eos).int() == 0
+        full = torch.cat([mask, alive.long()], 1)
+        logits = model(input_ids=out.sequences, attention_mask=full).logits[:, width - 1 : -1].float()
+        trained = logits.log_softmax(-1).gather(-1, sampled[..., None])[..., 0]
+    gap = (generator - trained)[alive].abs()
+    assert alive.sum() > len(prompts) * 4 and (sampled != eos).any()
+    if device == "cpu":  # float32: the same function up to summation order
+        assert gap.max() < 1e-3, gap.max()
+    else:  # bf16 activations, compiled kernels: rounding only
+        assert gap.mean() < 0.05 and gap.max() < 1.0, (gap.mean(), gap.max())
+    model.to("cpu", torch.float32)

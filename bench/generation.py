@@ -82,6 +82,24 @@ def time_calls(model, prompts, config, new: tuple[int, int], shapes, pad: int, r
     }
 
 
+def profile(model, prompts, config, shapes, pad: int, new: int) -> list[dict]:
+    """GPU time per kernel over one warm call of `new` tokens (the last backend's config): where a decode
+    step goes. Printed as a table; returned as rows."""
+    cfg = copy.deepcopy(config)
+    cfg.max_new_tokens = new
+    with generation.eval_mode(model):
+        generation.generate_call(model, prompts, cfg, shapes, pad)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            generation.generate_call(model, prompts, cfg, shapes, pad)
+            sync()
+    events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    print(prof.key_averages().table(sort_by="device_time_total", row_limit=20), flush=True)
+    return [
+        {"kernel": e.key[:120], "calls": e.count, "ms_per_step": e.device_time_total / 1e3 / new}
+        for e in events[:20]
+    ]
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
@@ -97,6 +115,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--flops", type=float, default=790e12, help="bf16 matmul rate (KINDS.md measured)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", type=int, default=0, help="also profile one call of N new tokens (CUDA)")
     a = ap.parse_args(argv)
     a.p_ended, a.cap = 0.0, 1
     new = tuple(int(x) for x in a.new.split(","))
@@ -125,6 +144,8 @@ def main(argv=None) -> dict:
         result[backend]["over_floor"] = result[backend]["step_ms"] / result["floor"]["floor_ms"]
         print(backend, json.dumps({k: v for k, v in result[backend].items() if k != "seconds"}), flush=True)
     print("floor", json.dumps(result["floor"]), flush=True)
+    if a.profile:
+        result["profile"] = profile(model, prompts, config, shapes, pad, a.profile)
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "generation.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -114,4 +114,4 @@ def test_checkpoint_is_an_adapter_with_an_adapter_card(lora_run):
     assert weights[some_b].abs().sum() > 0  # lora_B starts at zero: the saved adapter holds the trained step
     assert any(n.endswith(some_b.removesuffix(".weight") + ".default.weight") for n in trained)
     card = (step / "README.md").read_text()
-    assert "LoRA adapter" in card  # needs the cards/card.py change in docs/gpu.md ("LoRA")
+    assert "LoRA adapter" in card  # cards/checkpoint_card.py names the adapter (docs/gpu.md "LoRA")

@@ -114,6 +114,9 @@ def load_masters_into_model(model, tensors: dict[str, torch.Tensor]) -> None:
 
 
 # --- saving -------------------------------------------------------------------------------------------
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
+
+
 def save_weights(trainer, target: Path) -> None:
     """bf16 safetensors + config (the base's own architecture) + tokenizer + generation config + card.
 
@@ -133,6 +136,9 @@ def save_weights(trainer, target: Path) -> None:
     try:
         model.save_pretrained(tmp, state_dict=bf16, safe_serialization=True)
         trainer.processing_class.save_pretrained(tmp)
+        for name in PROCESSOR_FILES:  # the base's; vLLM builds Qwen3.5's image processor even for text
+            if (src := Path(model.name_or_path) / name).is_file():
+                shutil.copy(src, tmp / name)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:

@@ -102,6 +102,21 @@ def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, sn
     return event
 
 
+def vllm_evaluates(args: CapGRPOConfig) -> bool:
+    """In-training evaluation runs on the colocated engine with one process (under FSDP pushing weights is a
+    collective, and only the main process evaluates)."""
+    return args.use_vllm and args.vllm_mode == "colocate" and args.world_size == 1
+
+
+def synced_engine(trainer: CapGRPOTrainer):
+    """The colocated vLLM engine holding the weights of this step: pushed as TRL pushes them before a step's
+    first rollout, and marked so, so that the next step's rollouts do not push them again."""
+    if trainer.state.global_step != trainer._last_loaded_step:
+        trainer.vllm_generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+    return trainer.vllm_generation.llm
+
+
 def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=()) -> CapGRPOTrainer:
     run_dir = Path(args.output_dir)
     if not torch.cuda.is_available():
@@ -135,7 +150,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         seed=args.eval_seed,
         samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
         batch_size=args.eval_batch_size,
-        generation="compiled" if compiled_generation(args) else "eager",
+        generation="vllm" if vllm_evaluates(args) else "compiled" if compiled_generation(args) else "eager",
     )
     main_process = args.process_index == 0
     if main_process and resume is None:
@@ -187,6 +202,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
             tokenizer=tokenizer,
             grade_fn=grader.grade_batch,
             log_fn=trainer.log_eval_metrics,
+            llm_fn=(lambda: synced_engine(trainer)) if vllm_evaluates(args) else None,
         )
     # The Trainer calls callbacks in the order added, and a step's end goes: train time closed (StepsLog), then
     # evaluation (EvalCallback), then the row with both (StepsLog.on_log), then saving (CheckpointCallback),

@@ -15,7 +15,7 @@ JOBS ?= 2
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup test test-fast lint format base train eval compare experiment card push regrade
+.PHONY: setup test test-fast lint format base train eval compare experiment card push regrade test-vllm
 
 setup:  ## venv with the CPU torch wheel and the package (editable) + dev tools
 	python3 -m venv .venv
@@ -28,6 +28,10 @@ test:  ## the whole suite, slow end-to-end tests included (what CI runs)
 
 test-fast:
 	$(PY) -m pytest -q -m "not slow"
+
+test-vllm:  ## opt-in, not in `make test`: CapGRPOTrainer on vLLM's CPU build, in its own venv .venv-vllm (docs/gpu.md)
+	test -x .venv-vllm/bin/python || bash tests/real_vllm/setup_venv.sh .venv-vllm
+	.venv-vllm/bin/python -m pytest -q tests/real_vllm
 
 lint:
 	$(PY) -m ruff check .

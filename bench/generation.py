@@ -11,6 +11,7 @@ The model is bench/grpo_step.py's random Qwen3.5 (same flags); rollouts never st
 """
 
 import argparse
+import contextlib
 import copy
 import json
 import sys
@@ -110,7 +111,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", default="64,192", help="N1,N2 new tokens")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--backends", default="eager,compiled")
+    ap.add_argument("--backends", default="eager,compiled", help="of eager, compiled, compiled-torch")
     ap.add_argument("--bandwidth", type=float, default=4.8e12)
     ap.add_argument("--flops", type=float, default=790e12, help="bf16 matmul rate (KINDS.md measured)")
     ap.add_argument("--seed", type=int, default=0)
@@ -137,10 +138,17 @@ def main(argv=None) -> dict:
     for backend in a.backends.split(","):
         config = copy.deepcopy(base)
         config.disable_compile = True
-        if backend == "compiled":
+        if backend.startswith("compiled"):
             config = generation.compiled_config(base, shapes, a.prompt)
-        with generation.eval_mode(model):
-            result[backend] = time_calls(model, prompts, config, new, shapes, pad, a.repeats)
+        # compiled-torch: compiled, with transformers' own recurrent function instead of ours
+        fused = generation.fused_decode
+        if backend == "compiled-torch":
+            generation.fused_decode = lambda model: contextlib.nullcontext()
+        try:
+            with generation.eval_mode(model):
+                result[backend] = time_calls(model, prompts, config, new, shapes, pad, a.repeats)
+        finally:
+            generation.fused_decode = fused
         result[backend]["over_floor"] = result[backend]["step_ms"] / result["floor"]["floor_ms"]
         print(backend, json.dumps({k: v for k, v in result[backend].items() if k != "seconds"}), flush=True)
     print("floor", json.dumps(result["floor"]), flush=True)

@@ -5,6 +5,7 @@ bucketed widths) and the static cache eagerly; the compiled decode step is check
 `test_compiled_greedy_equals_eager_on_cuda` (bench/generation.py measures its speed).
 """
 
+import inspect
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,54 @@ def test_training_forward_logprobs_of_sampled_tokens_match_the_generators(device
     else:  # bf16 activations, compiled kernels: rounding only
         assert gap.mean() < 0.05 and gap.max() < 1.0, (gap.mean(), gap.max())
     model.to("cpu", torch.float32)
+
+
+@pytest.mark.parametrize("l2norm,key_heads", [(True, 4), (False, 4), (True, 2)])  # 2: grouped value heads
+def test_decode_step_is_transformers_recurrent_function(l2norm, key_heads):
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    gen = torch.Generator().manual_seed(0)
+    B, H, dk, dv = 3, 4, 8, 16
+    q, k = (torch.randn(B, 1, key_heads, dk, generator=gen, dtype=torch.bfloat16) for _ in range(2))
+    reference = inspect.getsource(modeling_qwen3_5.torch_recurrent_gated_delta_rule)
+    if key_heads != H and "repeat_interleave" not in reference:
+        pytest.skip("this transformers repeats the key heads before calling the recurrent function")
+    v = torch.randn(B, 1, H, dv, generator=gen, dtype=torch.bfloat16)
+    g, beta = -torch.rand(B, 1, H, generator=gen), torch.rand(B, 1, H, generator=gen)
+    state = torch.randn(B, H, dk, dv, generator=gen)
+    want_out, want_state = modeling_qwen3_5.torch_recurrent_gated_delta_rule(
+        q,
+        k,
+        v,
+        g=g,
+        beta=beta,
+        initial_state=state.clone(),
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=l2norm,
+    )
+    mine = state.clone()
+    out, new_state = generation.gated_delta_decode_step(
+        q, k, v, g=g, beta=beta, initial_state=mine, output_final_state=True, use_qk_l2norm_in_kernel=l2norm
+    )
+    assert new_state is mine  # in place: the cache's own tensor, so its copy back is a no-op
+    torch.testing.assert_close(new_state, want_state, atol=1e-5, rtol=1e-5)
+    assert out.dtype == want_out.dtype and out.shape == want_out.shape
+    torch.testing.assert_close(out.float(), want_out.float(), atol=1e-2, rtol=1e-2)  # bf16 output rounding
+
+
+def test_fused_decode_is_scoped_to_the_call(embedded):
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    model = embedded[0]
+    reference = modeling_qwen3_5.torch_recurrent_gated_delta_rule
+    with pytest.raises(RuntimeError), generation.fused_decode(model):
+        assert modeling_qwen3_5.torch_recurrent_gated_delta_rule is generation.gated_delta_decode_step
+        raise RuntimeError
+    assert modeling_qwen3_5.torch_recurrent_gated_delta_rule is reference
+    state = torch.zeros(1, 2, 4, 4)  # prefill (several tokens) and state-less calls go to the reference
+    with generation.fused_decode(model):
+        out, _ = generation.gated_delta_decode_step(
+            *(torch.randn(1, 3, 2, 4) for _ in range(3)), g=-torch.rand(1, 3, 2), beta=torch.rand(1, 3, 2),
+            initial_state=state, output_final_state=True,
+        )  # fmt: skip
+    assert out.shape == (1, 3, 2, 4) and not state.any()

@@ -139,7 +139,7 @@ def _generate_transformers(model, pad_id: int, prompts, seeds, spec: EvalSpec, e
         disable_compile=True,
     )
     compiled = spec.generation == "compiled"
-    shapes = FixedShapes(spec.batch_size, PROMPT_MULTIPLE if compiled else 1, spec.cap, fill_rows=compiled)
+    shapes = FixedShapes(spec.batch_size, PROMPT_MULTIPLE if compiled else 1, spec.cap, compiled=compiled)
     if compiled:
         if model.device.type != "cuda":
             raise ValueError("eval spec: generation 'compiled' runs on a CUDA device")

@@ -111,9 +111,39 @@ class BuildConfig:
     slip_share: float = 0.1
     snapshot_seed: int = EMBEDDED_SNAPSHOT_SEED
     snapshot_size: int = EMBEDDED_SNAPSHOT_SIZE
+    # Added for larger bases (configs/h200-base.json); the defaults are what the shipped base was built with.
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    linear_num_key_heads: int = 1
+    linear_num_value_heads: int = 2
+    linear_head_dim: int = 32
+    recheck_max_repeats: int = 6
+    sft_bf16: bool = False  # bf16 mixed precision in the SFT (float32 master weights, saved float32)
 
     def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
+        fields = asdict(self)
+        # fields added after the shipped base are hashed only when they differ from their defaults,
+        # so that builds made before they existed keep their hash
+        for name, default in _ADDED_LATER.items():
+            if fields[name] == default:
+                del fields[name]
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_ADDED_LATER = {
+    name: BuildConfig.__dataclass_fields__[name].default
+    for name in (
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_head_dim",
+        "recheck_max_repeats",
+        "sft_bf16",
+    )
+}
 
 
 # --- tokenizer -----------------------------------------------------------------------------------
@@ -188,21 +218,22 @@ def build_model(cfg: BuildConfig, tokenizer: PreTrainedTokenizerFast) -> Qwen3_5
         "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": len(cfg.layer_types),
         "layer_types": list(cfg.layer_types),
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "linear_num_key_heads": 1,
-        "linear_num_value_heads": 2,
-        "linear_key_head_dim": 32,
-        "linear_value_head_dim": 32,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "linear_num_key_heads": cfg.linear_num_key_heads,
+        "linear_num_value_heads": cfg.linear_num_value_heads,
+        "linear_key_head_dim": cfg.linear_head_dim,
+        "linear_value_head_dim": cfg.linear_head_dim,
         "linear_conv_kernel_dim": 4,
         "max_position_embeddings": 2048,
-        # rotary on half of head_dim (16 dims = 8 frequencies), split over the t/h/w grids like Qwen3.5
+        # rotary on half of head_dim (head_dim 32: 16 dims = 8 frequencies, [4, 2, 2]), split over the
+        # t/h/w grids like Qwen3.5
         "rope_parameters": {
             "rope_type": "default",
             "rope_theta": 10000.0,
             "partial_rotary_factor": 0.5,
-            "mrope_section": [4, 2, 2],
+            "mrope_section": [cfg.head_dim // 8, cfg.head_dim // 16, cfg.head_dim // 16],
             "mrope_interleaved": True,
         },
     }
@@ -256,7 +287,7 @@ def sft_pool(cfg: BuildConfig, exclude_problems: set[str]) -> list[dict]:
             last = f"The answer is $\\boxed{{{_miscopy(t['answer'])}}}$."
         elif u < cfg.unboxed_share + cfg.slip_share + cfg.recheck_share:
             repeats = 1
-            while repeats < 6 and rng.random() < cfg.recheck_continue:
+            while repeats < cfg.recheck_max_repeats and rng.random() < cfg.recheck_continue:
                 repeats += 1
             steps = [line for line in body if not line.startswith("We ")]
             body = body + [RECHECK, *steps] * repeats
@@ -297,7 +328,7 @@ def warm_start(model, tokenizer, tasks: list[dict], cfg: BuildConfig, work_dir: 
         seed=cfg.seed,
         data_seed=cfg.seed,
         use_cpu=not torch.cuda.is_available(),  # same recipe on CPU (`make base`) and GPU (the shipped base)
-        bf16=False,
+        bf16=cfg.sft_bf16,
         save_strategy="no",
         report_to="none",
         logging_steps=max(1, cfg.sft_steps // 10),
@@ -435,6 +466,7 @@ def build_base(
     *,
     snapshot: str | os.PathLike | None = None,
     eval_problems: int = 0,
+    report_cap: int = EMBEDDED_CAP,
 ) -> dict:
     """Build, warm-start and save the tiny base to `out`; optionally report on held-out problems."""
     from data.snapshot import write_snapshot
@@ -458,6 +490,7 @@ def build_base(
         t0 = time.perf_counter()
         tokenizer = build_tokenizer(cfg)
         model = build_model(cfg, tokenizer)
+        manifest["parameters"] = model.num_parameters()
         pool = sft_pool(cfg, exclude_problems={t["problem"] for t in tasks})
         manifest["sft"] = warm_start(model, tokenizer, pool, cfg, Path(work))
         manifest["sft"].update(pool_size=len(pool), seconds=round(time.perf_counter() - t0, 1))
@@ -468,8 +501,8 @@ def build_base(
         if eval_problems:
             by_id = {t["id"]: t for t in tasks}
             heldout = [by_id[i] for i in embedded_eval_sets(tasks).heldout[:eval_problems]]
-            report = evaluate_base(model, tokenizer, heldout, cap=EMBEDDED_CAP, samples=8, seed=cfg.seed)
-            report["reference_fit_by_level"] = reference_fit(tokenizer, tasks, EMBEDDED_CAP)
+            report = evaluate_base(model, tokenizer, heldout, cap=report_cap, samples=8, seed=cfg.seed)
+            report["reference_fit_by_level"] = reference_fit(tokenizer, tasks, report_cap)
             (out / REPORT).write_text(json.dumps(report, indent=1) + "\n")
             manifest["report"] = REPORT
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -491,14 +524,26 @@ def _print_report(report: dict) -> None:
     print("  references in cap  " + "  ".join(f"L{k} {v:.2f}" for k, v in fit.items()) + "  (whole snapshot)")
 
 
-def _overrides(pairs: list[str]) -> dict:
+def _overrides(pairs: list[str], path: str | None = None) -> dict:
+    """BuildConfig fields from a JSON object file (`--overrides`), then from `--set FIELD=JSON` pairs."""
     fields = BuildConfig.__dataclass_fields__
-    out = {}
+    items = []
+    if path:
+        try:
+            loaded = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise SystemExit(f"error: --overrides {path}: {e}") from None
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"error: --overrides {path}: not a JSON object of BuildConfig fields")
+        # keys starting with "_" are comments
+        items += [(f"{path}: {k}", k, v) for k, v in loaded.items() if not k.startswith("_")]
     for pair in pairs:
         name, _, value = pair.partition("=")
+        items.append((f"--set {pair!r}", name, None if name not in fields else json.loads(value)))
+    out = {}
+    for where, name, value in items:
         if name not in fields:
-            raise SystemExit(f"error: --set {pair!r}: BuildConfig has no field {name!r}")
-        value = json.loads(value)
+            raise SystemExit(f"error: {where}: BuildConfig has no field {name!r}")
         out[name] = tuple(value) if isinstance(value, list) else value
     return out
 
@@ -512,7 +557,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--snapshot", default=str(EMBEDDED_SNAPSHOT), help="where to write the embedded task snapshot"
     )
-    ap.add_argument("--sft-steps", type=int, default=BuildConfig.sft_steps)
+    ap.add_argument("--sft-steps", type=int, default=None, help=f"default {BuildConfig.sft_steps}")
+    ap.add_argument(
+        "--overrides",
+        metavar="FILE",
+        help="a JSON object of BuildConfig fields (e.g. configs/h200-base.json); --set pairs apply after it",
+    )
     ap.add_argument(
         "--set",
         action="append",
@@ -521,14 +571,22 @@ def main(argv: list[str] | None = None) -> None:
         help="override a BuildConfig field, e.g. --set hidden_size=192 (recorded in the manifest)",
     )
     ap.add_argument("--eval-problems", type=int, default=EMBEDDED_HELDOUT_SIZE, help="0 skips the report")
+    ap.add_argument(
+        "--report-cap", type=int, default=EMBEDDED_CAP, help="completion-token cap of the base report"
+    )
     args = ap.parse_args(argv)
     datasets.disable_progress_bars()
     t0 = time.perf_counter()
+    fields = _overrides([], args.overrides)
+    if args.sft_steps is not None:
+        fields["sft_steps"] = args.sft_steps
+    fields.update(_overrides(args.set))
     manifest = build_base(
         args.out,
-        BuildConfig(seed=args.seed, sft_steps=args.sft_steps, **_overrides(args.set)),
+        BuildConfig(seed=args.seed, **fields),
         snapshot=args.snapshot,
         eval_problems=args.eval_problems,
+        report_cap=args.report_cap,
     )
     print(f"snapshot {manifest['snapshot']['path']} sha256 {manifest['snapshot']['sha256']}")
     print(

@@ -10,8 +10,8 @@ import pytest
 from tests.real_vllm.conftest import run_module
 
 LR = "1e-2"
-# TRL's default vllm_importance_sampling_clip_max: a sequence whose ratio leaves (1/3, 3) is masked out of
-# the loss (sequence_mask mode), i.e. TRL itself would call the two models' sampling too far apart
+# TRL's default vllm_importance_sampling_clip_max: a sequence whose ratio exceeds it is masked out of the
+# loss (sequence_mask mode); its reciprocal bounds the other side (TRL sets no lower bound by default)
 IS_BOUND = 3.0
 # vLLM holds bf16 weights and the trainer float32 ones: a sampled token's log-prob differs by bf16 rounding
 # of the logits (relative 2^-8, on logits of order 1: ~0.004), never by more than a few times that

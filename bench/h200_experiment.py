@@ -49,7 +49,7 @@ SMOKE_TRAIN = [
     "--max_steps", "2", "--groups_per_step", "2", "--problems_per_round", "3", "--per_device_train_batch_size", "8",
     "--heldout_size", "6", "--fixed_size", "3", "--fixed_samples", "2", "--eval_every", "1",
     "--eval_batch_size", "16", "--max_completion_length", str(SMOKE_CAP), "--checkpoint_steps", "2",
-    "--use_cpu", "true", "--bf16", "false", "--compiled_generation", "false", "--grader_workers", "1",
+    "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--compiled_generation", "false", "--grader_workers", "1",
     "--report_to", "none",
 ]  # fmt: skip
 

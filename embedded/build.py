@@ -8,6 +8,7 @@ seed. The SFT uses a GPU when there is one (the shipped embedded/base: 6 minutes
 CPU (hours on 2 cores; docs/embedded_default.md).
 
     python -m embedded.build --out artifacts/base --snapshot artifacts/synthetic.tasks.json   # = make base
+    python -m embedded.build ... --overrides configs/h200-base.json --report-cap 384            # the H200 base
 
 writes the embedded task snapshot (printing its sha256), builds and warm-starts the model, saves it
 to --out, and reports pass@1, the outcome mix and the gate-qualifying share of 8-sample groups on the

@@ -71,3 +71,15 @@ def test_disk_full_mid_save_leaves_no_partial_checkpoint(trainer, tmp_path, monk
         save_weights(trainer, tmp_path / "step002")
     assert e.value.errno == errno.ENOSPC
     assert tree_bytes(tmp_path) == before  # the previous step002/ untouched, no .step002.tmp-* left
+
+
+def test_the_bases_processor_files_travel_with_each_checkpoint(trainer, tmp_path):
+    """vLLM builds Qwen3.5's image processor even for text prompts: a stepNNN/ without the base's processor
+    files cannot be loaded there (make test-vllm found it)."""
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "preprocessor_config.json").write_text('{"image_processor_type": "x"}')
+    trainer.model.name_or_path = str(base)
+    save_weights(trainer, tmp_path / "step001")
+    assert (tmp_path / "step001" / "preprocessor_config.json").read_text() == '{"image_processor_type": "x"}'
+    assert not (tmp_path / "step001" / "video_preprocessor_config.json").exists()  # the base has none

@@ -266,3 +266,14 @@ def test_fused_decode_is_scoped_to_the_call(embedded):
             initial_state=state, output_final_state=True,
         )  # fmt: skip
     assert out.shape == (1, 3, 2, 4) and not state.any()
+
+
+def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):
+    """A CPU recipe (the embedded default: use_cpu) run on a GPU machine keeps its model on the CPU, so
+    rollouts and evaluation must not take the CUDA-only compiled path."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    kw = {k: v for k, v in STEP_ARGS.items() if k != "use_cpu"}
+    cpu = CapGRPOConfig(**kw, use_cpu=True, output_dir=str(tmp_path), groups_per_step=2)
+    assert not generation.compiled_generation(cpu)
+    cpu.use_cpu = False  # the same recipe on the GPU
+    assert generation.compiled_generation(cpu)

@@ -10,6 +10,7 @@ from trl import GRPOConfig
 
 from policy.arms import Arm, resolve_arm
 from rewards.outcome import GRADER_VERSIONS
+from trainer.generation import PROMPT_MULTIPLE
 
 
 def vllm_installed() -> bool:
@@ -74,7 +75,9 @@ class CapGRPOConfig(GRPOConfig):
     generation_rows: int | None = field(
         default=None, metadata={"help": "Sequences per compiled generate call (default: one round's)."}
     )
-    prompt_multiple: int = field(default=64, metadata={"help": "Compiled generation: prompt width bucket."})
+    prompt_multiple: int = field(
+        default=PROMPT_MULTIPLE, metadata={"help": "Compiled generation: prompt width bucket."}
+    )
     # --- checkpoints and resume (SPEC §6) ---------------------------------------------------------
     checkpoint_steps: list[int] = field(default_factory=list, metadata={"help": "Steps saving stepNNN/."})
     checkpoint_every: int = field(default=0, metadata={"help": "Also save every N steps (0: off)."})

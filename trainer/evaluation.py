@@ -38,9 +38,15 @@ from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
 from rundir.files import summarize, write_eval  # noqa: E402  (the eval files' format lives there)
 from trainer import sharding  # noqa: E402
-from trainer.generation import BACKENDS, FixedShapes, compiled_config, eval_mode, generate_call  # noqa: E402
+from trainer.generation import (  # noqa: E402
+    BACKENDS,
+    PROMPT_MULTIPLE,
+    FixedShapes,
+    compiled_config,
+    eval_mode,
+    generate_call,
+)
 
-PROMPT_MULTIPLE = 64  # compiled evaluation's prompt width bucket (the recipes' prompt_multiple default)
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
 

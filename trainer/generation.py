@@ -29,6 +29,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import CompileConfig
 
 BACKENDS = ("eager", "compiled", "vllm")  # what produced an eval file (run.json eval.generation)
+PROMPT_MULTIPLE = 64  # default prompt width bucket (rollouts: the config's prompt_multiple; evaluation: this)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,6 @@ def compiled_generation(args) -> bool:
     """Whether rollouts and evaluation generate at fixed shapes, compiled: by default on one CUDA process
     without vLLM (config validation refuses it with vLLM or several processes). Asked for on a CPU, the
     fixed shapes and static cache run eagerly: transformers compiles generation on accelerators only."""
-    if args.compiled_generation is None:
-        return torch.cuda.is_available() and args.world_size == 1 and not args.use_vllm
+    if args.compiled_generation is None:  # use_cpu: the model stays on the CPU even where CUDA is present
+        return torch.cuda.is_available() and not args.use_cpu and args.world_size == 1 and not args.use_vllm
     return args.compiled_generation

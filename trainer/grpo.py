@@ -87,9 +87,8 @@ class CapGRPOTrainer(GRPOTrainer):
             self.generation_shapes = generation.FixedShapes(
                 rows, args.prompt_multiple, args.max_completion_length
             )
-        self.step_record: dict[
-            str, Any
-        ] = {}  # steps.jsonl's row of the step in progress (StepsLog writes it)
+        # steps.jsonl's row of the step in progress (StepsLog writes it)
+        self.step_record: dict[str, Any] = {}
         self._selected: StepRollouts | None = None  # set while TRL scores the selected rollouts, else None
         self._train_started: float | None = None  # when the step's batch was ready (its `seconds.train`)
         self._step_logps: list[torch.Tensor] = []
@@ -136,14 +135,13 @@ class CapGRPOTrainer(GRPOTrainer):
         shapes = self.generation_shapes
         config = generation.compiled_config(self.generation_config, shapes, max(map(len, prompt_ids)))
         pad = self.processing_class.pad_token_id
-        kwargs = self.args.gradient_checkpointing_kwargs
         tokens = []
         with (
             unwrap_model_for_generation(
                 self.model_wrapped,
                 self.accelerator,
                 generation_kwargs=self.generation_kwargs,
-                gradient_checkpointing_kwargs=kwargs,
+                gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
             ) as model,
             generation.eval_mode(model),
         ):

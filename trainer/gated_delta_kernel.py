@@ -47,6 +47,9 @@ def _decode_kernel(q_ptr, k_ptr, v_ptr, decay_ptr, beta_ptr, state_ptr, out_ptr,
     tl.store(out_ptr + bh * DV + rv, tl.sum(s * q[:, None], axis=0), mask=mv)
 
 
+_INTERPRETED = not isinstance(_decode_kernel, triton.runtime.JITFunction)
+
+
 # triton_op (torch >= 2.6) rather than a plain call: inductor traces into it, keeping the kernel inside the
 # compiled graph (no graph break under CUDA graphs), and mutates_args tells the compiler `state` is written.
 @torch.library.triton_op("capgrpo::gated_delta_decode_update", mutates_args={"state"})
@@ -83,7 +86,10 @@ def decode_update(
     block_v = min(block_v, triton.next_power_of_2(dv))  # a narrow dv needs no masked-off columns
     out = torch.empty_like(v)
     grid = (B * H, triton.cdiv(dv, block_v))
-    torch.library.wrap_triton(_decode_kernel)[grid](
+    # under TRITON_INTERPRET=1 (CPU tests) the kernel is an InterpretedFunction, which older torch's
+    # wrap_triton refuses; it runs eagerly only
+    kernel = _decode_kernel if _INTERPRETED else torch.library.wrap_triton(_decode_kernel)
+    kernel[grid](
         q, k, v, decay, beta, state, out, DK=dk, DV=dv, BK=triton.next_power_of_2(dk), BV=block_v,
         num_warps=num_warps,
     )  # fmt: skip

@@ -94,3 +94,30 @@ def decode_update(
         num_warps=num_warps,
     )  # fmt: skip
     return out
+
+
+def main() -> None:
+    """`python -m trainer.gated_delta_kernel [B H dk dv]` on a GPU: time each (block_v, num_warps) against
+    the memory floor (the state read and written once), to choose BLOCK_V and NUM_WARPS."""
+    import functools
+    import sys
+
+    from triton.testing import do_bench
+
+    B, H, dk, dv = (int(x) for x in sys.argv[1:5]) if len(sys.argv) == 5 else (256, 32, 128, 128)
+    q, k = (torch.nn.functional.normalize(torch.randn(B, H, dk, device="cuda"), dim=-1) for _ in range(2))
+    v = torch.randn(B, H, dv, device="cuda")
+    decay, beta = torch.rand(B, H, device="cuda"), torch.rand(B, H, device="cuda")
+    # updated by every timed call; the delta rule (beta, decay in [0, 1], unit k) keeps it bounded
+    state = torch.randn(B, H, dk, dv, device="cuda")
+    moved = 2 * state.nbytes
+    print(f"B={B} H={H} dk={dk} dv={dv}: state {state.nbytes / 1e6:.0f} MB read and written once, "
+          f"{moved / 4.8e9:.3f} ms at 4.8 TB/s")  # fmt: skip
+    for block_v in (16, 32, 64, 128):
+        for num_warps in (1, 2, 4, 8):
+            ms = do_bench(functools.partial(decode_update, q, k, v, decay, beta, state, block_v, num_warps))
+            print(f"block_v={block_v:4d} num_warps={num_warps}: {ms:.3f} ms, {moved / ms / 1e6:.0f} GB/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -31,6 +31,9 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+# run as a file, Python puts bench/ on sys.path, not the repo root that embedded.build (check_base) lives in
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 RECIPE = ROOT / "configs/h200.yaml"
 BASE_OVERRIDES = ROOT / "configs/h200-base.json"
 ARMS = ("S0", "S2")

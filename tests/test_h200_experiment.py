@@ -3,6 +3,7 @@ summary, and (slow) the whole pipeline at CPU sizes with --smoke."""
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -53,6 +54,26 @@ def test_train_refuses_a_work_folder_without_the_base(tmp_path, capsys):
     assert h200.main(["train", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert str(tmp_path / "w" / "base") in err and "run `base` first" in err
+
+
+def test_the_script_run_as_a_file_imports_the_repo_without_it_on_the_path(tmp_path):
+    # the device runs `python3 bench/h200_experiment.py train` in an uninstalled snapshot with PYTHONPATH
+    # holding only the wheels: take this venv's editable install and the repo root off the path, run the
+    # file from elsewhere, and `train` must reach its own refusal, not a ModuleNotFoundError
+    script, work = ROOT / "bench/h200_experiment.py", tmp_path / "w"
+    boot = (
+        "import importlib.util, runpy, sys\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
+        f"sys.path[:] = [p for p in sys.path if p not in ('', {str(ROOT)!r}) and '__editable__' not in p]\n"
+        "assert importlib.util.find_spec('embedded') is None, 'the repo is still importable'\n"
+        f"sys.argv = [{str(script)!r}, 'train', '--work', {str(work)!r}, '--out', {str(tmp_path / 'out')!r}]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", boot], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "ModuleNotFoundError" not in proc.stderr and "the repo is still importable" not in proc.stderr
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert f"error: {work / 'base'}: no complete build" in proc.stderr
 
 
 def test_throughput_from_steps_jsonl(tmp_path):

@@ -217,6 +217,13 @@ def test_training_forward_logprobs_of_sampled_tokens_match_the_generators(device
     model.to("cpu", torch.float32)
 
 
+class _Qwen35:  # a stand-in model whose class lives in transformers' Qwen3.5 module (what fused_decode keys on)
+    pass
+
+
+_Qwen35.__module__ = "transformers.models.qwen3_5.modeling_qwen3_5"
+
+
 @pytest.mark.parametrize("l2norm,key_heads", [(True, 4), (False, 4), (True, 2)])  # 2: grouped value heads
 def test_decode_step_is_transformers_recurrent_function(l2norm, key_heads):
     from transformers.models.qwen3_5 import modeling_qwen3_5
@@ -241,24 +248,79 @@ def test_decode_step_is_transformers_recurrent_function(l2norm, key_heads):
         use_qk_l2norm_in_kernel=l2norm,
     )
     mine = state.clone()
-    out, new_state = generation.gated_delta_decode_step(
-        q, k, v, g=g, beta=beta, initial_state=mine, output_final_state=True, use_qk_l2norm_in_kernel=l2norm
-    )
+    with generation.fused_decode(_Qwen35()):
+        out, new_state = generation.gated_delta_decode_step(
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            initial_state=mine,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=l2norm,
+        )
     assert new_state is mine  # in place: the cache's own tensor, so its copy back is a no-op
     torch.testing.assert_close(new_state, want_state, atol=1e-5, rtol=1e-5)
     assert out.dtype == want_out.dtype and out.shape == want_out.shape
     torch.testing.assert_close(out.float(), want_out.float(), atol=1e-2, rtol=1e-2)  # bf16 output rounding
 
 
+@pytest.mark.parametrize("bias,activation", [(True, "silu"), (False, None)])
+def test_conv_decode_step_is_transformers_conv_update(bias, activation):
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    gen = torch.Generator().manual_seed(0)
+    B, C, K = 3, 10, 4
+    weight = torch.randn(C, K, generator=gen)
+    b = torch.randn(C, generator=gen) if bias else None
+    state = torch.randn(B, C, K, generator=gen)
+    mine = state.clone()
+    for _ in range(3):  # three tokens: the state shifts each time
+        x = torch.randn(B, C, 1, generator=gen)
+        want = modeling_qwen3_5.causal_conv1d_update(x, state, weight, b, activation)
+        with generation.fused_decode(_Qwen35()):
+            got = generation.conv_decode_step(x, mine, weight, b, activation)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+        torch.testing.assert_close(mine, state, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_grouped_decode_attention_is_transformers_sdpa(masked):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    gen = torch.Generator().manual_seed(0)
+    B, heads, kv_heads, L, D = 3, 8, 2, 11, 16
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = heads // kv_heads, True
+    q = torch.randn(B, heads, 1, D, generator=gen)
+    k, v = (torch.randn(B, kv_heads, L, D, generator=gen) for _ in range(2))
+    mask = torch.rand(B, 1, 1, L, generator=gen) > 0.3 if masked else None
+    if masked:
+        mask[..., -1] = True  # the token itself is always visible
+    want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=D**-0.5)
+    with generation.fused_decode(_Qwen35()):
+        got, _ = generation.grouped_decode_attention(module, q, k, v, mask, scaling=D**-0.5)
+    assert got.shape == want.shape == (B, 1, heads, D)
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    # a wrong head order (query head h read from kv head h % kv_heads) would not pass
+    wrong, _ = sdpa_attention_forward(module, q, k[:, [1, 0]], v[:, [1, 0]], mask, scaling=D**-0.5)
+    assert not torch.allclose(got, wrong, atol=1e-3)
+
+
 def test_fused_decode_is_scoped_to_the_call(embedded):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
     model = embedded[0]
-    reference = modeling_qwen3_5.torch_recurrent_gated_delta_rule
+    names = ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")
+    reference = [getattr(modeling_qwen3_5, n) for n in names] + [ALL_ATTENTION_FUNCTIONS["sdpa"]]
     with pytest.raises(RuntimeError), generation.fused_decode(model):
         assert modeling_qwen3_5.torch_recurrent_gated_delta_rule is generation.gated_delta_decode_step
+        assert modeling_qwen3_5.causal_conv1d_update is generation.conv_decode_step
+        assert ALL_ATTENTION_FUNCTIONS["sdpa"] is generation.grouped_decode_attention
         raise RuntimeError
-    assert modeling_qwen3_5.torch_recurrent_gated_delta_rule is reference
+    assert [getattr(modeling_qwen3_5, n) for n in names] + [ALL_ATTENTION_FUNCTIONS["sdpa"]] == reference
+    assert "sdpa" not in ALL_ATTENTION_FUNCTIONS._local_mapping
     state = torch.zeros(1, 2, 4, 4)  # prefill (several tokens) and state-less calls go to the reference
     with generation.fused_decode(model):
         out, _ = generation.gated_delta_decode_step(

@@ -9,8 +9,10 @@ is allowed; a graph is reused only while every input keeps its shape, so each ca
 - prompt width rounded up to a multiple of `prompt_multiple` (left padding), so rounds of different prompt
   lengths share a few widths;
 - one KV-cache length, `max_cache_len` (transformers sizes later caches to the largest seen).
-The gated-delta-net decode update, the largest part of a compiled step, runs as `gated_delta_decode_step`
-(the same function as transformers' torch fallback, fewer passes over the recurrent state).
+For the call, three of transformers' decode-step functions are replaced by ours, each the same function with
+fewer passes over memory (`fused_decode`): the gated-delta-net recurrent update (`gated_delta_decode_step`, a
+Triton kernel on CUDA), the causal conv update (`conv_decode_step`) and grouped-query attention over the
+static cache (`grouped_decode_attention`).
 The model is the training model itself (the optimizer writes its parameters in place, and CUDA graphs read
 them from the same addresses), so a rollout never comes from stale weights. Evaluation uses the same call;
 which backend produced an eval file is recorded in run.json (`eval.generation`).
@@ -20,13 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig
+from transformers.activations import ACT2FN
 from transformers.generation.configuration_utils import CompileConfig
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 BACKENDS = ("eager", "compiled", "vllm")  # what produced an eval file (run.json eval.generation)
 PROMPT_MULTIPLE = 64  # default prompt width bucket (rollouts: the config's prompt_multiple; evaluation: this)
@@ -127,13 +132,14 @@ def gated_delta_decode_step(
     """One decode token of the gated delta rule, the state updated in place: the function of transformers'
     `torch_recurrent_gated_delta_rule` (Qwen3.5's linear-attention layers) with fewer passes over the state.
 
-    With decay d = exp(g): S' = d S + k (x) delta, delta = beta (v - d S^T k), out = S'^T q. Expanding S'^T q =
-    d S^T q + (k . q) delta, both reads of S become one batched product S^T [k q], and the update is one
-    in-place pass. The reference reads the state three times and writes it twice per layer and token, at
-    batch 256 ~6.7 of a 12.5 ms decode step (docs/PERFORMANCE.md). Anything else goes to the reference."""
+    With decay d = exp(g): S' = d S + k (x) delta, delta = beta (v - d S^T k), out = S'^T q. On CUDA one Triton
+    kernel reads and writes each state tile once (trainer/gated_delta_kernel.py); elsewhere, expanding S'^T q =
+    d S^T q + (k . q) delta, both reads of S are one batched product S^T [k q] and the update one in-place
+    pass. transformers' fallback reads the state three times and writes it twice per layer and token (at batch
+    256 ~6.7 of a 12.5 ms decode step, docs/PERFORMANCE.md). Anything but one cached token goes to it."""
     state = initial_state
     if query.shape[1] != 1 or state is None or state.dtype != torch.float32 or not state.is_contiguous():
-        return _reference_recurrent(
+        return _reference["torch_recurrent_gated_delta_rule"](
             query, key, value, g=g, beta=beta, initial_state=initial_state,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kw,
         )  # fmt: skip
@@ -145,32 +151,95 @@ def gated_delta_decode_step(
         q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     q = q / q.shape[-1] ** 0.5
-    decay = g[:, 0].float().exp()[..., None]  # [B, H, 1]
+    decay, beta = g[:, 0].float().exp(), beta[:, 0].float()  # [B, H]
+    if state.is_cuda and (kernel := _decode_kernel()) is not None:
+        out = kernel(
+            q.contiguous(), k.contiguous(), v.contiguous(), decay.contiguous(), beta.contiguous(), state
+        )
+        return out[:, None].to(dtype), state if output_final_state else None
+    decay = decay[..., None]  # [B, H, 1]
     reads = torch.matmul(state.transpose(-1, -2), torch.stack([k, q], -1))  # [B, H, dv, 2]: S^T k, S^T q
-    delta = (v - decay * reads[..., 0]) * beta[:, 0].float()[..., None]
+    delta = (v - decay * reads[..., 0]) * beta[..., None]
     out = decay * reads[..., 1] + (k * q).sum(-1, keepdim=True) * delta
     state.mul_(decay[..., None]).add_(k[..., :, None] * delta[..., None, :])
     return out[:, None].to(dtype), state if output_final_state else None
 
 
-_reference_recurrent = None  # transformers' function, while gated_delta_decode_step stands in for it
+@functools.cache
+def _decode_kernel():
+    """The Triton decode update, or None where Triton is absent (it comes with CUDA builds of torch)."""
+    try:
+        from trainer.gated_delta_kernel import decode_update
+    except ImportError:
+        return None
+    return decode_update
+
+
+def conv_decode_step(hidden_states, conv_state, weight, bias=None, activation=None):
+    """One decode token of Qwen3.5's depthwise causal conv, the state shifted in place: the function of
+    transformers' `causal_conv1d_update` fallback as one multiply-sum over the kernel window, where the
+    fallback's grouped `F.conv1d` was ~0.9 ms of a 12.5 ms decode step (docs/PERFORMANCE.md)."""
+    if hidden_states.shape[-1] != 1 or conv_state.shape[-1] != weight.shape[-1]:
+        return _reference["causal_conv1d_update"](hidden_states, conv_state, weight, bias, activation)
+    window = torch.cat([conv_state[..., 1:], hidden_states.to(conv_state.dtype)], -1)  # [B, C, K]
+    conv_state.copy_(window)
+    out = (window.float() * weight.float()).sum(-1, keepdim=True)  # fp32 accumulation, as conv1d's kernels
+    if bias is not None:
+        out = out + bias.float()[:, None]
+    out = out.to(weight.dtype)
+    if activation is not None:
+        out = ACT2FN[activation](out)
+    return out.to(hidden_states.dtype)
+
+
+def grouped_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kw):
+    """One decode token of grouped-query attention without copying the KV cache: the function of
+    transformers' `sdpa_attention_forward`, with the query heads of each KV head as that head's queries.
+
+    Given a mask, transformers repeats every KV head to its query heads before SDPA (a copy of the whole
+    static cache per layer and token: at batch 256 and cache 1152 about 3.7 ms of a 15.9 ms decode step,
+    docs/PERFORMANCE.md); transformers >= 5.24 packs the query instead, but not while compiling."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    mask = attention_mask
+    if query.shape[2] != 1 or groups == 1 or dropout or (mask is not None and mask.shape[1] != 1):
+        return _reference["sdpa"](
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw
+        )
+    batch, heads, _, dim = query.shape
+    packed = query.reshape(batch, heads // groups, groups, dim)  # query head h = kv head h // groups
+    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    return out.reshape(batch, heads, 1, -1).transpose(1, 2).contiguous(), None
+
+
+_reference = {}  # transformers' functions, while ours stand in for them
 
 
 @contextlib.contextmanager
 def fused_decode(model) -> Iterator[None]:
-    """`gated_delta_decode_step` in place of transformers' recurrent gated-delta function for the call, for
-    Qwen3.5 models (the forward looks the function up by its module-level name at each call)."""
-    global _reference_recurrent
+    """Our decode-step functions in place of transformers' for the call, for Qwen3.5 models: the recurrent
+    gated-delta update and the causal conv (the forward looks both up by module-level name at each call) and
+    the "sdpa" attention function (looked up in ALL_ATTENTION_FUNCTIONS at each call)."""
     module = sys.modules.get(type(model).__module__)
-    if module is None or not hasattr(module, "torch_recurrent_gated_delta_rule") or _reference_recurrent:
+    names = ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")
+    if module is None or not all(hasattr(module, n) for n in names) or _reference:
         yield
         return
-    _reference_recurrent = module.torch_recurrent_gated_delta_rule
-    module.torch_recurrent_gated_delta_rule = gated_delta_decode_step
+    ours = (gated_delta_decode_step, conv_decode_step)
+    _reference.update({n: getattr(module, n) for n in names}, sdpa=ALL_ATTENTION_FUNCTIONS["sdpa"])
+    local = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")  # someone's own override, kept
+    for name, fn in zip(names, ours):
+        setattr(module, name, fn)
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped_decode_attention
     try:
         yield
     finally:
-        module.torch_recurrent_gated_delta_rule, _reference_recurrent = _reference_recurrent, None
+        for name in names:
+            setattr(module, name, _reference[name])
+        if local is None:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+        else:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = local
+        _reference.clear()
 
 
 def compiled_generation(args) -> bool:

@@ -30,6 +30,17 @@ for name in sorted({key.split(".")[0] for key in x}):
     result[f"{name}.out"] = decode_update(*args, state)
     result[f"{name}.state"] = state
     result[f"{name}.same_storage"] = torch.tensor(state.untyped_storage().data_ptr() == address)
+    # the same token through generation's decode step with the kernel wired in (bf16 in and out, as in a model)
+    from trainer import generation
+
+    generation._kernel = decode_update
+    q, k, v, g, beta = (x[f"{name}.raw_{a}"] for a in ("q", "k", "v", "g", "beta"))
+    step_state = x[f"{name}.state"].clone()
+    out, same = generation.gated_delta_decode_step(
+        q, k, v, g=g, beta=beta, initial_state=step_state, output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
+    result[f"{name}.step_out"], result[f"{name}.step_state"] = out, step_state
+    result[f"{name}.step_same"] = torch.tensor(same is step_state)
 save_file(result, sys.argv[2])
 """
 
@@ -71,6 +82,8 @@ def interpreted(tmp_path_factory):
         prepared = kernel_inputs(*raw[name][:5])
         for arg, t in zip(("q", "k", "v", "decay", "beta", "state"), [*prepared, raw[name][5]]):
             flat[f"{name}.{arg}"] = t
+        for arg, t in zip(("q", "k", "v", "g", "beta"), raw[name][:5]):
+            flat[f"{name}.raw_{arg}"] = t.to(torch.bfloat16) if arg in ("q", "k", "v") else t.clone()
     save_file(flat, tmp / "in.safetensors")
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO)}
     run = subprocess.run(
@@ -104,6 +117,25 @@ def test_interpreted_kernel_is_transformers_recurrent_function(interpreted, shap
     )  # fmt: skip
     torch.testing.assert_close(got[f"{name}.out"], want_out[:, 0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[f"{name}.state"], want_state, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_decode_step_with_the_kernel_is_transformers_recurrent_function(interpreted, shape):
+    """The wiring: generation.gated_delta_decode_step hands the kernel its inputs in the kernel's layout."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    raw, got = interpreted
+    name = "s" + "x".join(map(str, shape))
+    q, k, v, g, beta, state = raw[name]
+    q, k, v = (x.to(torch.bfloat16) for x in (q, k, v))
+    want_out, want_state = modeling_qwen3_5.torch_recurrent_gated_delta_rule(
+        q, k, v, g=g, beta=beta, initial_state=state.clone(), output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )  # fmt: skip
+    assert got[f"{name}.step_same"].item(), "the step must return the cache's own state tensor"
+    torch.testing.assert_close(got[f"{name}.step_state"], want_state, atol=1e-5, rtol=1e-5)
+    assert got[f"{name}.step_out"].dtype == want_out.dtype == torch.bfloat16
+    torch.testing.assert_close(got[f"{name}.step_out"].float(), want_out.float(), atol=1e-2, rtol=1e-2)
 
 
 def test_refusals_name_the_argument():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -152,8 +151,8 @@ def gated_delta_decode_step(
         k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     q = q / q.shape[-1] ** 0.5
     decay, beta = g[:, 0].float().exp(), beta[:, 0].float()  # [B, H]
-    if state.is_cuda and (kernel := _decode_kernel()) is not None:
-        out = kernel(
+    if _kernel is not None:  # set by fused_decode for a CUDA model's call
+        out = _kernel(
             q.contiguous(), k.contiguous(), v.contiguous(), decay.contiguous(), beta.contiguous(), state
         )
         return out[:, None].to(dtype), state if output_final_state else None
@@ -165,8 +164,7 @@ def gated_delta_decode_step(
     return out[:, None].to(dtype), state if output_final_state else None
 
 
-@functools.cache
-def _decode_kernel():
+def _triton_kernel():
     """The Triton decode update, or None where Triton is absent (it comes with CUDA builds of torch)."""
     try:
         from trainer.gated_delta_kernel import decode_update
@@ -212,6 +210,7 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout=
 
 
 _reference = {}  # transformers' functions, while ours stand in for them
+_kernel = None  # the Triton update for a CUDA model's call, looked up before compiling (an import would break the graph)
 
 
 @contextlib.contextmanager
@@ -219,6 +218,7 @@ def fused_decode(model) -> Iterator[None]:
     """Our decode-step functions in place of transformers' for the call, for Qwen3.5 models: the recurrent
     gated-delta update and the causal conv (the forward looks both up by module-level name at each call) and
     the "sdpa" attention function (looked up in ALL_ATTENTION_FUNCTIONS at each call)."""
+    global _kernel
     module = sys.modules.get(type(model).__module__)
     names = ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")
     if module is None or not all(hasattr(module, n) for n in names) or _reference:
@@ -230,6 +230,7 @@ def fused_decode(model) -> Iterator[None]:
     for name, fn in zip(names, ours):
         setattr(module, name, fn)
     ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped_decode_attention
+    _kernel = _triton_kernel() if getattr(model, "device", torch.device("cpu")).type == "cuda" else None
     try:
         yield
     finally:
@@ -240,6 +241,7 @@ def fused_decode(model) -> Iterator[None]:
         else:
             ALL_ATTENTION_FUNCTIONS["sdpa"] = local
         _reference.clear()
+        _kernel = None
 
 
 def compiled_generation(args) -> bool:

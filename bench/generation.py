@@ -140,7 +140,7 @@ def main(argv=None) -> dict:
         config.disable_compile = True
         if backend.startswith("compiled"):
             config = generation.compiled_config(base, shapes, a.prompt)
-        # compiled-torch: compiled, with transformers' own recurrent function instead of ours
+        # compiled-torch: compiled, with transformers' own decode-step functions instead of ours (fused_decode)
         fused = generation.fused_decode
         if backend == "compiled-torch":
             generation.fused_decode = lambda model: contextlib.nullcontext()

@@ -13,7 +13,7 @@ when --budget-s is spent, compares S2 with S0 at the last step both evaluated, w
 reports, plots, steps.jsonl, eval files and logs (no weights) into <out>/h200-experiment.tar.gz. Every
 command leaves at most 4 files in <out> (the device machine returns 8). `--smoke` shrinks the base, the
 batch, the cap and the eval sets to CPU sizes (the same code path but compiled generation, bf16 and the GPU).
-docs/experiment-h200/README.md has the exact device commands and the expected wall times.
+docs/experiment-h200/README.md has the exact device commands, the measured wall times and the result.
 """
 
 import argparse

@@ -100,6 +100,22 @@ def test_throughput_from_steps_jsonl(tmp_path):
     assert w["steps"] == 1 and w["generation_share"] == pytest.approx(2 / 5)
 
 
+def test_the_committed_h200_result_recreates_its_report_from_the_committed_runs(tmp_path):
+    # issue 20: the report and its inputs are in the repo; the inputs alone (run.json, steps.jsonl, eval
+    # files, no weights) must give the same numbers as the report the device wrote
+    result = ROOT / "docs/experiment-h200/result"
+    cmd = [sys.executable, "-m", "analysis.compare", str(result / "runs/S2"), str(result / "runs/S0")]
+    proc = subprocess.run([*cmd, "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def numbers(report: str) -> list[str]:  # every table row but the run directories (device paths)
+        return [line for line in report.splitlines() if line.startswith("|") and "run directory" not in line]
+
+    committed = (result / "comparisons/S2_vs_S0/report.md").read_text()
+    assert "| heldout300 (primary) | 64.7% (194/300) | 65.3% (196/300) | -0.7 |" in committed
+    assert numbers((tmp_path / "report.md").read_text()) == numbers(committed)
+
+
 @pytest.mark.slow
 def test_smoke_run_builds_trains_both_arms_compares_and_packs_without_weights(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"

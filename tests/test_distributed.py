@@ -57,7 +57,9 @@ def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedde
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = json.loads(report.read_text())
     assert (
-        found["launch"] == {"num_processes": 2, "distributed_type": "MULTI_CPU"} and found["rng_entries"] == 2
+        found["launch"]
+        == {"num_processes": 2, "distributed_type": "MULTI_CPU", "optimizer": "adamw_torch_fused"}
+        and found["rng_entries"] == 2
     )
     assert [s["step"] for s in found["steps"]] == [1, 2, 3]
     assert found["rows_identical"] and found["eval_rows_identical"] and found["eval_files"] == 3

@@ -151,6 +151,7 @@ def test_cpu_adamw_default(tiny, tmp_path, monkeypatch, cpu_adamw, cuda, process
     trainer.optimizer = None
     optimizer = trainer.create_optimizer()
     assert type(optimizer) is expected
+    assert trainer.uses_cpu_adamw() == (expected is CPUAdamW)  # what run.json's launch.optimizer records
     trainable = {id(p) for p in trainer.model.parameters() if p.requires_grad}
     assert {id(p) for g in optimizer.param_groups for p in g["params"]} == trainable
 

@@ -344,11 +344,13 @@ class CapGRPOTrainer(GRPOTrainer):
         )
 
     # --- optimizer: CPU-offloaded AdamW for single-process GPU runs (SPEC §6) -----------------------------
+    def uses_cpu_adamw(self) -> bool:
+        if self.args.cpu_adamw is None:
+            return torch.cuda.is_available() and self.accelerator.num_processes == 1
+        return self.args.cpu_adamw
+
     def create_optimizer(self, model=None):
-        use = self.args.cpu_adamw
-        if use is None:
-            use = torch.cuda.is_available() and self.accelerator.num_processes == 1
-        if not use:
+        if not self.uses_cpu_adamw():
             return super().create_optimizer(model)
         model = model or self.model
         decay = set(self.get_decay_parameter_names(model))

@@ -190,7 +190,14 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         acc = trainer.accelerator
         update_run_json(
             run_dir,
-            launch={"num_processes": acc.num_processes, "distributed_type": acc.distributed_type.value},
+            launch={
+                "num_processes": acc.num_processes,
+                "distributed_type": acc.distributed_type.value,
+                # the optimizer that runs (`optim` is TrainingArguments' field, which CPUAdamW replaces)
+                "optimizer": "CPUAdamW"
+                if trainer.uses_cpu_adamw()
+                else str(getattr(args.optim, "value", args.optim)),
+            },
         )
     eval_cb = None
     if args.eval_every > 0:

@@ -194,11 +194,12 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout=
     """One decode token of grouped-query attention without copying the KV cache: the function of
     transformers' `sdpa_attention_forward`, with the query heads of each KV head as that head's queries.
 
-    Given a mask, transformers repeats every KV head to its query heads before SDPA (a copy of the whole
-    static cache per layer and token: at batch 256 and cache 1152 about 3.7 ms of a 15.9 ms decode step,
-    docs/PERFORMANCE.md); transformers >= 5.24 packs the query instead, but not while compiling."""
+    Given a mask, transformers repeats every KV head to its query heads before SDPA, a copy of the whole
+    static cache per layer and token (with it the 1.8B benchmark's decode step grew from 12.2 to 15.9 ms
+    between a 256- and a 1152-long cache, docs/PERFORMANCE.md); transformers >= 5.24 packs the query
+    instead, but not while compiling."""
     groups = getattr(module, "num_key_value_groups", 1)
-    mask = attention_mask
+    mask = attention_mask  # [B, 1, 1, L] or None: shared by the heads, so it broadcasts over the packing
     if query.shape[2] != 1 or groups == 1 or dropout or (mask is not None and mask.shape[1] != 1):
         return _reference["sdpa"](
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw

@@ -15,6 +15,7 @@ import contextlib
 import copy
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,22 +84,50 @@ def time_calls(model, prompts, config, new: tuple[int, int], shapes, pad: int, r
     }
 
 
-def profile(model, prompts, config, shapes, pad: int, new: int) -> list[dict]:
-    """GPU time per kernel over one warm call of `new` tokens (the last backend's config): where a decode
-    step goes. Printed as a table; returned as rows."""
+def profile(model, prompts, config, shapes, pad: int, new: int) -> dict:
+    """Where a decode step goes, over one warm call of `new` tokens (the last backend's config): GPU time
+    per kernel, and the GPU's busy time against the call's wall time (the rest is the GPU waiting on the
+    host: launches, Python, the per-token sync of generate's stopping check). Printed; returned."""
     cfg = copy.deepcopy(config)
     cfg.max_new_tokens = new
     with generation.eval_mode(model):
         generation.generate_call(model, prompts, cfg, shapes, pad)
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        sync()
+        t0 = time.perf_counter()
+        generation.generate_call(model, prompts, cfg, shapes, pad)
+        sync()
+        wall = time.perf_counter() - t0
+        activities = [torch.profiler.ProfilerActivity.CPU]  # CPU: a smoke run, no kernels to count
+        activities += [torch.profiler.ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+        with torch.profiler.profile(activities=activities) as prof:
             generation.generate_call(model, prompts, cfg, shapes, pad)
             sync()
     events = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
     print(prof.key_averages().table(sort_by="device_time_total", row_limit=20), flush=True)
-    return [
-        {"kernel": e.key[:120], "calls": e.count, "ms_per_step": e.device_time_total / 1e3 / new}
-        for e in events[:20]
-    ]
+    with tempfile.TemporaryDirectory() as tmp:  # the trace is tens of MB: only its kernel spans are kept
+        trace = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        trace_events = json.loads(trace.read_text())["traceEvents"]
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace_events if e.get("cat") == "kernel")
+    busy, end = 0.0, None  # union of kernel intervals (us): streams may overlap
+    for start, stop in spans:
+        if end is None or start > end:
+            busy += stop - start
+            end = stop
+        elif stop > end:
+            busy += stop - end
+            end = stop
+    result = {
+        "wall_ms_per_token": 1e3 * wall / new,
+        "gpu_busy_ms_per_token": busy / 1e3 / new,
+        "kernels_per_token": len(spans) / new,
+        "kernels": [
+            {"kernel": e.key[:120], "calls": e.count, "ms_per_step": e.device_time_total / 1e3 / new}
+            for e in events[:20]
+        ],
+    }
+    print("profile", json.dumps({k: v for k, v in result.items() if k != "kernels"}), flush=True)
+    return result
 
 
 def main(argv=None) -> dict:
@@ -111,14 +140,23 @@ def main(argv=None) -> dict:
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", default="64,192", help="N1,N2 new tokens")
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--backends", default="eager,compiled", help="of eager, compiled, compiled-torch")
+    ap.add_argument(
+        "--backends", default="eager,compiled", help="of eager, compiled, compiled-torch, compiled-sync"
+    )
     ap.add_argument("--bandwidth", type=float, default=4.8e12)
     ap.add_argument("--flops", type=float, default=790e12, help="bf16 matmul rate (KINDS.md measured)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--profile", type=int, default=0, help="also profile one call of N new tokens (CUDA)")
+    ap.add_argument("--block-v", type=int, help="the Triton decode kernel's tile width (default its BLOCK_V)")
+    ap.add_argument("--num-warps", type=int, help="the Triton decode kernel's warps (default its NUM_WARPS)")
     a = ap.parse_args(argv)
     a.p_ended, a.cap = 0.0, 1
+    if a.block_v or a.num_warps:
+        from trainer import gated_delta_kernel
+
+        gated_delta_kernel.BLOCK_V = a.block_v or gated_delta_kernel.BLOCK_V
+        gated_delta_kernel.NUM_WARPS = a.num_warps or gated_delta_kernel.NUM_WARPS
     new = tuple(int(x) for x in a.new.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke run
     tok = padded_tokenizer(a.vocab)
@@ -140,15 +178,18 @@ def main(argv=None) -> dict:
         config.disable_compile = True
         if backend.startswith("compiled"):
             config = generation.compiled_config(base, shapes, a.prompt)
-        # compiled-torch: compiled, with transformers' own decode-step functions instead of ours (fused_decode)
-        fused = generation.fused_decode
+        # compiled-torch: compiled, with transformers' own decode-step functions instead of ours (fused_decode);
+        # compiled-sync: compiled, with generate's stopping check read every step (no deferred_stop_check)
+        fused, deferred = generation.fused_decode, generation.DEFERRED_STOP_DEVICES
         if backend == "compiled-torch":
             generation.fused_decode = lambda model: contextlib.nullcontext()
+        if backend == "compiled-sync":
+            generation.DEFERRED_STOP_DEVICES = ()
         try:
             with generation.eval_mode(model):
                 result[backend] = time_calls(model, prompts, config, new, shapes, pad, a.repeats)
         finally:
-            generation.fused_decode = fused
+            generation.fused_decode, generation.DEFERRED_STOP_DEVICES = fused, deferred
         result[backend]["over_floor"] = result[backend]["step_ms"] / result["floor"]["floor_ms"]
         print(backend, json.dumps({k: v for k, v in result[backend].items() if k != "seconds"}), flush=True)
     print("floor", json.dumps(result["floor"]), flush=True)

@@ -339,3 +339,65 @@ def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):
     assert not generation.compiled_generation(cpu)
     cpu.use_cpu = False  # the same recipe on the GPU
     assert generation.compiled_generation(cpu)
+
+
+def test_deferred_stop_check_keeps_transformers_rule_and_is_scoped():
+    from transformers.generation.utils import DeferredStopCheck
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not DeferredStopCheck.is_supported(cuda, None, False, False)  # transformers: mps only
+    with pytest.raises(RuntimeError), generation.deferred_stop_check():
+        assert DeferredStopCheck.is_supported(cuda, None, False, False)
+        assert not DeferredStopCheck.is_supported(cuda, None, False, True)  # assistant decoding: never
+        assert not DeferredStopCheck.is_supported(cpu, None, False, False)
+        raise RuntimeError
+    assert not DeferredStopCheck.is_supported(cuda, None, False, False)
+
+
+class _HostEvent:  # CPU kernels finish before the call returns: recording and waiting are no-ops
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, *args):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("stop", ["some rows at the cap", "every row after one token"])
+def test_deferred_stop_check_samples_the_same_tokens(stop, device, embedded, monkeypatch):
+    """The step-late check (on for compiled calls on CUDA) returns what the per-step check returns, also
+    when every row ends early and one extra step has to be undone. On a CPU events are no-ops."""
+    from transformers.generation.utils import DeferredStopCheck
+
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("the compiled decode step runs on CUDA only")
+    model, tok, prompts = embedded
+    model = model.to(device)
+    eos = tok.eos_token_id if stop == "some rows at the cap" else list(range(len(tok)))
+    sampling = GenerationConfig(
+        do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=NEW, pad_token_id=tok.pad_token_id,
+        eos_token_id=eos, disable_compile=True,
+    )  # fmt: skip
+    shapes = generation.FixedShapes(rows=len(prompts), prompt_multiple=16, max_new_tokens=NEW)
+    config = generation.compiled_config(sampling, shapes, max(map(len, prompts)))
+    undone = []
+    finish = DeferredStopCheck.finish
+    monkeypatch.setattr(DeferredStopCheck, "finish", lambda self: undone.append(finish(self)) or undone[-1])
+    if device == "cpu":
+        monkeypatch.setattr(torch, "Event", _HostEvent)
+    runs = {}
+    for devices in ((), (device,), ()):  # the last call replays the graphs the first one captured
+        monkeypatch.setattr(generation, "DEFERRED_STOP_DEVICES", devices)
+        torch.manual_seed(0)
+        runs.setdefault(devices, []).append(
+            generation.generate_call(model, prompts, config, shapes, tok.pad_token_id)
+        )
+    model.cpu()
+    assert runs[(device,)][0] == runs[()][0] == runs[()][1]
+    if stop == "some rows at the cap":
+        assert undone == [0] and all(len(t) == NEW for t in runs[()][0])  # ran to the cap: nothing to undo
+    else:
+        assert undone == [1] and all(len(t) == 1 for t in runs[()][0])

@@ -29,11 +29,13 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig
 from transformers.activations import ACT2FN
+from transformers.generation import utils as generation_utils
 from transformers.generation.configuration_utils import CompileConfig
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 BACKENDS = ("eager", "compiled", "vllm")  # what produced an eval file (run.json eval.generation)
 PROMPT_MULTIPLE = 64  # default prompt width bucket (rollouts: the config's prompt_multiple; evaluation: this)
+DEFERRED_STOP_DEVICES = ("cuda",)  # where compiled calls read generate's stopping check a step late
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,39 @@ def generate_call(
     if shapes.compiled:
         batch += [prompts[0]] * (shapes.rows - len(prompts))
     ids, mask = pad_left(batch, width, pad_id, model.device)
-    with torch.no_grad(), fused_decode(model) if shapes.compiled else contextlib.nullcontext():
+    with contextlib.ExitStack() as scope:
+        scope.enter_context(torch.no_grad())
+        if shapes.compiled:
+            scope.enter_context(fused_decode(model))
+            scope.enter_context(deferred_stop_check())
         generated = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     return generated[: len(prompts), width:].tolist()
+
+
+@contextlib.contextmanager
+def deferred_stop_check() -> Iterator[None]:
+    """generate's stopping check read one step late on CUDA too, for the call.
+
+    After each token generate asks the host whether every row has ended (`unfinished_sequences.max() == 0`),
+    which waits for the GPU, so the GPU idles while the host prepares the next step. transformers'
+    `DeferredStopCheck` copies the flag asynchronously and reads it a step later (when every row ends early,
+    one extra decode step runs and is undone), but transformers turns it on for mps only ("we should enable
+    it for cuda if we observe perf gains"). Here its own rule for mps applies to DEFERRED_STOP_DEVICES."""
+    check = getattr(generation_utils, "DeferredStopCheck", None)
+    if check is None:  # a transformers without it: one check per step, as before
+        yield
+        return
+    original = check.__dict__["is_supported"]
+    rule = original.__func__
+
+    def is_supported(device, *args, **kwargs):
+        return rule(torch.device("mps") if device.type in DEFERRED_STOP_DEVICES else device, *args, **kwargs)
+
+    check.is_supported = staticmethod(is_supported)
+    try:
+        yield
+    finally:
+        check.is_supported = original
 
 
 def cut_after_eos(tokens: Sequence[int], eos: frozenset[int] | set[int]) -> list[int]:

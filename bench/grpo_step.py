@@ -67,6 +67,7 @@ from policy.arms import ARMS  # noqa: E402
 from rewards.grader import BatchReport, Grade  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rewards.reward import OutcomeReward  # noqa: E402
+from trainer import generation  # noqa: E402
 from trainer.checkpoint import save_state_dir, save_weights  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
@@ -252,7 +253,7 @@ class Probe(TrainerCallback):
         self.trainer, self.coin, self.name, self.a = trainer, coin, name, a
         self.eval_tasks, self.work = eval_tasks, work
         self.records: list[dict] = []
-        self.gen_seconds = self.gen_tokens = 0
+        self.gen_seconds = self.gen_tokens = self.graphs_recorded = 0
         wrapped = trainer._generate_and_score_completions
 
         def timed_scoring(inputs):
@@ -286,16 +287,29 @@ class Probe(TrainerCallback):
             return completion_ids, logprobs
 
         setattr(cls, name, timed)
+        manager = getattr(
+            importlib.import_module("torch._inductor.cudagraph_trees"), "CUDAGraphTreeManager", None
+        )
+        record = getattr(manager, "record_function", None)
+        if record is not None:  # how often CUDA graphs are captured: a replayed step captures none
+
+            def counted(tree, *args, **kwargs):
+                self.graphs_recorded += 1
+                return record(tree, *args, **kwargs)
+
+            manager.record_function = counted
         try:
             yield
         finally:
             setattr(cls, name, original)
+            if record is not None:
+                manager.record_function = record
 
     def on_step_begin(self, args, state, control, **kwargs):
         sync()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()
-        self.gen_seconds = self.gen_tokens = 0
+        self.gen_seconds = self.gen_tokens = self.graphs_recorded = 0
         self.coin.seconds = 0.0
         self.coin.pop_groups()
         self.started = time.perf_counter()
@@ -340,6 +354,7 @@ class Probe(TrainerCallback):
                 "qualified": record["qualified"] if record else sum(map(policy.qualifies, groups)),
                 "trained": record["trained"] if record else len(groups),
                 "rounds": record["rounds"] if record else 1,
+                "cudagraphs_recorded": self.graphs_recorded,
                 "outcomes": {o.value: sum(x is o for g in groups for x in g) for o in Outcome},
                 "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 if torch.cuda.is_available()
@@ -605,6 +620,12 @@ def parse(argv=None):
         default=None,
         help="ours: compiled generation (auto: on for one CUDA process)",
     )
+    ap.add_argument(
+        "--generation-cache",
+        choices=("kept", "new"),
+        default="kept",
+        help="ours, compiled: one static cache kept per shape, or transformers' new cache per call",
+    )
     ap.add_argument("--plain-tuned", action="store_true", help="also plain TRL with ours' training settings")
     ap.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True, help="also plain TRL")
     ap.add_argument(
@@ -626,6 +647,7 @@ def parse(argv=None):
 
 def main(argv=None) -> dict:
     a = parse(argv)
+    generation.KEEP_STATIC_CACHE = a.generation_cache == "kept"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":

@@ -401,3 +401,25 @@ def test_deferred_stop_check_samples_the_same_tokens(stop, device, embedded, mon
         assert undone == [0] and all(len(t) == NEW for t in runs[()][0])  # ran to the cap: nothing to undo
     else:
         assert undone == [1] and all(len(t) == 1 for t in runs[()][0])
+
+
+def test_kept_static_cache_is_built_once_and_reset_between_calls(embedded, monkeypatch):
+    """Compiled calls of one shape share one static cache (CUDA graphs read it at fixed addresses), reset
+    in place: a call after another gives the tokens a fresh cache gives."""
+    model, tok, prompts = embedded
+    pad = tok.pad_token_id
+    shapes = generation.FixedShapes(rows=3, prompt_multiple=16, max_new_tokens=NEW)
+    config = generation.compiled_config(greedy(pad_token_id=pad), shapes, max(map(len, prompts)))
+    built = []
+    build = type(model)._prepare_static_cache
+    monkeypatch.setattr(
+        type(model), "_prepare_static_cache", lambda *a, **k: built.append(build(*a, **k)) or built[-1]
+    )
+    monkeypatch.setattr(generation, "KEEP_STATIC_CACHE", False)
+    fresh = [generation.generate_call(model, p, config, shapes, pad) for p in (prompts[:3], prompts[3:6])]
+    assert len(built) == 2 and built[0] is not built[1]  # transformers: a new cache per call
+    monkeypatch.setattr(generation, "KEEP_STATIC_CACHE", True)
+    kept = [generation.generate_call(model, p, config, shapes, pad) for p in (prompts[:3], prompts[3:6])]
+    assert len(built) == 3 and "_prepare_static_cache" not in model.__dict__
+    assert kept == fresh
+    generation._kept_caches.pop(model)

@@ -423,3 +423,20 @@ def test_kept_static_cache_is_built_once_and_reset_between_calls(embedded, monke
     assert len(built) == 3 and "_prepare_static_cache" not in model.__dict__
     assert kept == fresh
     generation._kept_caches.pop(model)
+
+
+@pytest.mark.parametrize("stops", [1, 3, 169])
+def test_eos_test_without_sync_is_transformers_test(stops):
+    from transformers.generation.stopping_criteria import EosTokenCriteria
+
+    g = torch.Generator().manual_seed(stops)
+    vocab = 4 * stops + 40  # some rows stop, not all
+    ids = torch.randint(0, vocab, (256, 7), generator=g)
+    criteria = EosTokenCriteria(list(range(vocab - stops, vocab)) if stops > 1 else vocab - 1)
+    for n in (1, 3):
+        want = EosTokenCriteria.__call__(criteria, ids, None, new_token_length=n)
+        with generation.deferred_stop_check():
+            assert EosTokenCriteria.__call__ is generation.eos_stopped
+            got = criteria(ids, None, new_token_length=n)
+        assert torch.equal(got, want) and got.dtype == torch.bool and want.any() and not want.all()
+    assert EosTokenCriteria.__call__ is not generation.eos_stopped

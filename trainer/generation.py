@@ -12,7 +12,10 @@ is allowed; a graph is reused only while every input keeps its shape, so each ca
 For the call, three of transformers' decode-step functions are replaced by ours, each the same function with
 fewer passes over memory (`fused_decode`): the gated-delta-net recurrent update (`gated_delta_decode_step`, a
 Triton kernel on CUDA), the causal conv update (`conv_decode_step`) and grouped-query attention over the
-static cache (`grouped_decode_attention`).
+static cache (`grouped_decode_attention`). Two things of generate's loop change for the call too: the host reads
+the stopping check one step late instead of waiting for the GPU every token (`deferred_stop_check`), and each
+call shape keeps one static cache, reset between calls, so the captured graphs are replayed instead of
+re-recorded (`kept_static_cache`).
 The model is the training model itself (the optimizer writes its parameters in place, and CUDA graphs read
 them from the same addresses), so a rollout never comes from stale weights. Evaluation uses the same call;
 which backend produced an eval file is recorded in run.json (`eval.generation`).
@@ -110,8 +113,9 @@ def kept_static_cache(model) -> Iterator[None]:
     transformers (5.17-5.24) builds a new StaticCache for every generate call. Its tensors are marked static:
     the captured CUDA graphs read them at their addresses, so a cache allocated elsewhere makes torch
     re-record the decode step's graphs. Back-to-back calls tend to get the freed addresses back; calls with a
-    training pass in between do not. The price: the cache stays allocated between calls (the 1.8B
-    benchmark's 256 rows x 1152 positions: 5.3 GB)."""
+    training pass in between do not (the 1.8B benchmark: one re-recording per step, ~0.4 s). The price: the
+    cache stays allocated between calls (there 256 rows x 1152 positions, 5.3 GB; the step peaked 6.3 GiB
+    higher)."""
     build = model._prepare_static_cache
     kept = _kept_caches.setdefault(model, {})
 
@@ -138,32 +142,29 @@ def deferred_stop_check() -> Iterator[None]:
     """generate's stopping check read one step late on CUDA too, for the call.
 
     After each token generate asks the host whether every row has ended (`unfinished_sequences.max() == 0`),
-    which waits for the GPU, so the GPU idles while the host prepares the next step. transformers'
+    which waits for the GPU, so the GPU idles while the host prepares the next step (1.8B benchmark, batch
+    256: 8.6 ms per decode step, 6.6 ms with the check deferred; docs/PERFORMANCE.md). transformers'
     `DeferredStopCheck` copies the flag asynchronously and reads it a step later (when every row ends early,
     one extra decode step runs and is undone), but transformers turns it on for mps only ("we should enable
     it for cuda if we observe perf gains"). Here its own rule for mps applies to DEFERRED_STOP_DEVICES.
     The EOS test must not wait either: `eos_stopped` stands in for EosTokenCriteria's."""
-    check = getattr(generation_utils, "DeferredStopCheck", None)
+    check = getattr(generation_utils, "DeferredStopCheck", None)  # None: checked every step, as before
+    original = check.__dict__["is_supported"] if check is not None else None
     eos_test = EosTokenCriteria.__call__
-    EosTokenCriteria.__call__ = eos_stopped
-    if check is None:  # a transformers without it: one check per step, as before
-        try:
-            yield
-        finally:
-            EosTokenCriteria.__call__ = eos_test
-        return
-    original = check.__dict__["is_supported"]
-    rule = original.__func__
 
     def is_supported(device, *args, **kwargs):
-        return rule(torch.device("mps") if device.type in DEFERRED_STOP_DEVICES else device, *args, **kwargs)
+        mps = torch.device("mps") if device.type in DEFERRED_STOP_DEVICES else device
+        return original.__func__(mps, *args, **kwargs)
 
-    check.is_supported = staticmethod(is_supported)
+    EosTokenCriteria.__call__ = eos_stopped
+    if check is not None:
+        check.is_supported = staticmethod(is_supported)
     try:
         yield
     finally:
-        check.is_supported = original
         EosTokenCriteria.__call__ = eos_test
+        if check is not None:
+            check.is_supported = original
 
 
 def eos_stopped(self, input_ids, scores=None, new_token_length: int = 1, **kwargs):

@@ -422,6 +422,10 @@ def test_kept_static_cache_is_built_once_and_reset_between_calls(embedded, monke
     kept = [generation.generate_call(model, p, config, shapes, pad) for p in (prompts[:3], prompts[3:6])]
     assert len(built) == 3 and "_prepare_static_cache" not in model.__dict__
     assert kept == fresh
+    wide = max(map(len, prompts)) + 2 * shapes.prompt_multiple
+    longer = generation.compiled_config(greedy(pad_token_id=pad), shapes, wide)
+    generation.generate_call(model, [prompts[0][:1] * wide], longer, shapes, pad)  # replaces the kept cache
+    assert len(built) == 4 and [c for _, c in generation._kept_caches[model].values()] == [built[-1]]
     generation._kept_caches.pop(model)
 
 

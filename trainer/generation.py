@@ -103,7 +103,7 @@ def generate_call(
     return generated[: len(prompts), width:].tolist()
 
 
-_kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: its static cache}
+_kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: (length, cache)}
 
 
 @contextlib.contextmanager
@@ -122,13 +122,13 @@ def kept_static_cache(model) -> Iterator[None]:
     def prepare(*args, **kwargs):
         if args:  # transformers 5.17-5.24 call it by keywords; any other call gets its own cache
             return build(*args, **kwargs)
-        longest = max(kwargs["max_cache_len"], getattr(model, "_previous_max_cache_length", -1))
-        shape = (kwargs["cache_implementation"], kwargs["batch_size"], longest)
-        if shape in kept:
-            kept[shape].reset()  # zeroes every layer's tensors in place
-        else:
-            kept[shape] = build(**kwargs)
-        return kept[shape]
+        length = max(kwargs["max_cache_len"], getattr(model, "_previous_max_cache_length", -1))
+        shape = (kwargs["cache_implementation"], kwargs["batch_size"])
+        if shape in kept and kept[shape][0] == length:
+            kept[shape][1].reset()  # zeroes every layer's tensors in place
+        else:  # a longer cache replaces a shorter one: transformers never asks for less again
+            kept[shape] = (length, build(**kwargs))
+        return kept[shape][1]
 
     model._prepare_static_cache = prepare
     try:

@@ -410,6 +410,7 @@ def test_kept_static_cache_is_built_once_and_reset_between_calls(embedded, monke
     pad = tok.pad_token_id
     shapes = generation.FixedShapes(rows=3, prompt_multiple=16, max_new_tokens=NEW)
     config = generation.compiled_config(greedy(pad_token_id=pad), shapes, max(map(len, prompts)))
+    generation._kept_caches.pop(model, None)  # other tests' calls
     built = []
     build = type(model)._prepare_static_cache
     monkeypatch.setattr(
@@ -422,10 +423,10 @@ def test_kept_static_cache_is_built_once_and_reset_between_calls(embedded, monke
     kept = [generation.generate_call(model, p, config, shapes, pad) for p in (prompts[:3], prompts[3:6])]
     assert len(built) == 3 and "_prepare_static_cache" not in model.__dict__
     assert kept == fresh
-    wide = max(map(len, prompts)) + 2 * shapes.prompt_multiple
+    wide = model._previous_max_cache_length + shapes.prompt_multiple  # longer than any cache so far
     longer = generation.compiled_config(greedy(pad_token_id=pad), shapes, wide)
     generation.generate_call(model, [prompts[0][:1] * wide], longer, shapes, pad)  # replaces the kept cache
-    assert len(built) == 4 and [c for _, c in generation._kept_caches[model].values()] == [built[-1]]
+    assert len(built) == 4 and generation._kept_caches[model][("static", shapes.rows)][1] is built[-1]
     generation._kept_caches.pop(model)
 
 

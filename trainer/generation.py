@@ -41,9 +41,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 BACKENDS = ("eager", "compiled", "vllm")  # what produced an eval file (run.json eval.generation)
 PROMPT_MULTIPLE = 64  # default prompt width bucket (rollouts: the config's prompt_multiple; evaluation: this)
 DEFERRED_STOP_DEVICES = ("cuda",)  # where compiled calls read generate's stopping check a step late
-KEEP_STATIC_CACHE = (
-    True  # compiled calls reuse one static cache per shape (False: transformers' new one per call)
-)
+# compiled calls reuse one static cache per shape (False: transformers' new one per call)
+KEEP_STATIC_CACHE = True
 
 
 @dataclass(frozen=True)

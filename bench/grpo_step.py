@@ -8,7 +8,7 @@
 
 Per step: seconds in generation, grading, training (log-prob forward + backward of every micro-batch),
 optimizer step, optional eval and checkpoint; tokens generated per second; groups sampled per group
-trained; peak GPU memory. Both trainers get the same model (rebuilt from the same seed), tasks in the same
+trained; CUDA graphs recorded (0 once the compiled decode step replays); peak GPU memory. Both trainers get the same model (rebuilt from the same seed), tasks in the same
 order, seeds and settings. Ours runs with one selection round of `groups` problems, so it samples exactly
 what plain TRL samples; `--refill` adds a run of ours with the arm's gate refilling (up to 8 rounds).
 
@@ -17,7 +17,9 @@ hit the cap is `truncated`; any other is `correct` with probability --p-correct,
 --p-format, else `wrong`, drawn from sha256(seed, task id, rollout index in its group, step). A random
 model almost never emits its EOS token, so `--model random-qwen35` declares K extra stop tokens in the
 generation config (real EOS ids to generation and to truncation detection alike), K chosen so that
-about --p-ended of the rollouts end before the cap; K = 0 with --p-ended 0 (every rollout capped).
+about --p-ended of the rollouts end before the cap; K = 0 with --p-ended 0 (every rollout capped). At the
+defaults K = 168: past ~22 stop ids transformers' EOS test waits for the GPU every token (trainer/generation.py
+`eos_stopped` is ours without the wait; plain TRL keeps transformers').
 """
 
 import argparse

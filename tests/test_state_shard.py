@@ -321,6 +321,18 @@ def test_disk_full_mid_save_removes_the_partial_state(tmp_path, monkeypatch):
     assert tree_bytes(tmp_path) == before  # no .state002.tmp-* keeping the disk full, state001 untouched
 
 
+def test_atomic_writes_name_their_temp_file_for_the_cleanup(tmp_path, monkeypatch):
+    from data.atomic import TEMP_FILE, write_atomic
+
+    temps = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: temps.append(Path(a).name) or replace(a, b))
+    write_atomic(tmp_path / "run.json", b"{}")
+    m = TEMP_FILE.fullmatch(temps[0])
+    assert m and m[1] == "run.json" and int(m[2]) == os.getpid()
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
 def test_interrupted_saves_are_removed_or_put_back(tmp_path):
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -337,13 +349,18 @@ def test_interrupted_saves_are_removed_or_put_back(tmp_path):
     ):
         (tmp_path / name).mkdir()
         (tmp_path / name / "x").write_text("partial")
+    (tmp_path / "run.json").write_text("{}")  # an atomic write of it killed mid-way, and one in progress
+    for name in (f".run.json.tmp-{pid}-k3x9q", f".run.json.tmp-{os.getppid()}-a7b2c"):
+        (tmp_path / name).write_text('{"half')
     removed = state_shard.remove_interrupted_saves(tmp_path)
     assert sorted(p.name for p in removed) == sorted(
-        [f".state002.tmp-{pid}", f".step002.tmp-{pid}", f".state001.old-{pid}"]
+        [f".state002.tmp-{pid}", f".step002.tmp-{pid}", f".state001.old-{pid}", f".run.json.tmp-{pid}-k3x9q"]
     )
-    # the live parent's save is left alone; the replaced state004 is back in place, complete
+    # the live parent's saves are left alone; the replaced state004 is back in place, complete
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        f".run.json.tmp-{os.getppid()}-a7b2c",
         f".step003.tmp-{os.getppid()}",
+        "run.json",
         "state001",
         "state004",
     ]

@@ -129,6 +129,7 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embe
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
     (out / f".state002.tmp-{int(exited.stdout)}").mkdir()  # as a save killed mid-way leaves it
+    (out / f".run.json.tmp-{int(exited.stdout)}-x1y2z3").write_text('{"ha')  # and a run.json write
     original = json.loads((out / "run.json").read_text())
 
     run(train_cmd(tiny_base, embedded_snapshot, out, resume=out))

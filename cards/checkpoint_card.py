@@ -83,7 +83,7 @@ def build_checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard
         load_path=repo_id or str(run.dir / name),
         has_state=step in run.states,
         resume_dir=_resume_dir(run, step, repo_id),
-        system_prompt=SYSTEM_PROMPT,
+        system_prompt=run.meta.get("config", {}).get("system_prompt", SYSTEM_PROMPT),
     )
 
 

@@ -7,6 +7,9 @@ docs/embedded_default.md). Everything is computed with exact rational arithmetic
 from the seed.
 
     python -m data.synthetic --n 1200 --seed 0 --out artifacts/synthetic.tasks.json
+    python -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/sum2.tasks.json
+
+`sum` (REAL_BASE_FAMILIES) is for a real pretrained chat base (docs/experiment-real/): one addition.
 """
 
 import argparse
@@ -140,33 +143,49 @@ def sequence(rng: random.Random, level: int) -> tuple[str, str, str]:
     return problem, str(total), solution + f"\nThe answer is $\\boxed{{{total}}}$."
 
 
+def sum_of_terms(rng: random.Random, level: int) -> tuple[str, str, str]:
+    """ "What is a + b?" with level + 1 terms (two-digit at level 1, up to 30 from level 2): one operation a
+    pretrained chat model of 135M parameters gets right sometimes (docs/experiment-real/PLAN.md), for a
+    real base rather than the embedded one."""
+    top = 50 if level == 1 else 30
+    terms = [rng.randint(1, top) for _ in range(level + 1)]
+    expr = " + ".join(map(str, terms))
+    total = sum(terms)
+    return f"What is {expr}?", str(total), f"{expr} = {total}.\nThe answer is $\\boxed{{{total}}}$."
+
+
 def _coef(k: int) -> str:
     """Coefficient of x as written: x, -x, 3x."""
     return {1: "x", -1: "-x"}.get(k, f"{k}x")
 
 
-FAMILIES: dict[str, Family] = {
+FAMILIES: dict[str, Family] = {  # the embedded default's four, drawn uniformly
     "arithmetic": arithmetic,
     "fractions": fractions,
     "linear": linear,
     "sequence": sequence,
 }
+REAL_BASE_FAMILIES: dict[str, Family] = {"sum": sum_of_terms}  # chosen by name (--families sum)
 
 
 def task_id(problem: str) -> str:
     return "syn-" + hashlib.sha256(problem.encode()).hexdigest()[:12]
 
 
-def generate_tasks(n: int, seed: int, levels=LEVELS) -> list[dict]:
-    """n distinct tasks, family and level drawn uniformly (a level repeated in `levels` weighs more).
+def generate_tasks(n: int, seed: int, levels=LEVELS, families: tuple[str, ...] | None = None) -> list[dict]:
+    """n distinct tasks, family and level drawn uniformly (a level repeated in `levels` weighs more), from
+    `families` (names of FAMILIES or REAL_BASE_FAMILIES; default: the embedded four).
 
-    The same (n, seed, levels) gives the same list, and a smaller n gives its prefix.
+    The same (n, seed, levels, families) gives the same list, and a smaller n gives its prefix.
     """
+    known = FAMILIES | REAL_BASE_FAMILIES
+    if families is not None and (not families or any(f not in known for f in families)):
+        raise ValueError(f"families must be a non-empty subset of {sorted(known)}, got {families}")
     bad = [lv for lv in levels if lv not in LEVELS]
     if bad or not levels:
         raise ValueError(f"levels must be a non-empty subset of {LEVELS}, got {tuple(levels)}")
     rng = random.Random(f"capgrpo-synthetic-{seed}")
-    names = sorted(FAMILIES)
+    names = sorted(families or FAMILIES)
     tasks, seen = [], set()
     attempts = 0
     while len(tasks) < n:
@@ -174,7 +193,7 @@ def generate_tasks(n: int, seed: int, levels=LEVELS) -> list[dict]:
         if attempts > 50 * n + 1000:
             raise ValueError(f"cannot draw {n} distinct synthetic tasks at levels {tuple(levels)}")
         subject, level = rng.choice(names), rng.choice(tuple(levels))
-        problem, answer, solution = FAMILIES[subject](rng, level)
+        problem, answer, solution = known[subject](rng, level)
         if problem in seen:  # small levels have few distinct problems; ids must be unique
             continue
         seen.add(problem)
@@ -198,9 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, required=True)
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--levels", type=int, nargs="+", default=list(LEVELS))
+    ap.add_argument("--families", nargs="+", default=None, help="default: the embedded four")
     ap.add_argument("--out", required=True, help="snapshot path (*.tasks.json)")
     args = ap.parse_args(argv)
-    print(write_snapshot(generate_tasks(args.n, args.seed, tuple(args.levels)), args.out))
+    families = tuple(args.families) if args.families else None
+    print(write_snapshot(generate_tasks(args.n, args.seed, tuple(args.levels), families), args.out))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from data.prompt import SYSTEM_PROMPT
 from policy.arms import Arm, resolve_arm
 from rewards.outcome import GRADER_VERSIONS
 from trainer.generation import PROMPT_MULTIPLE
@@ -41,6 +42,9 @@ class CapGRPOConfig(GRPOConfig):
     task_seed: int | None = field(default=None, metadata={"help": "Task sampler seed (default: seed)."})
     snapshot_path: str = field(default="", metadata={"help": "Task snapshot (*.tasks.json)."})
     snapshot_sha256: str | None = field(default=None, metadata={"help": "Expected sha256 of the snapshot."})
+    system_prompt: str = field(
+        default=SYSTEM_PROMPT, metadata={"help": "System message of every prompt (data/prompt.py's default)."}
+    )
     # --- grader ------------------------------------------------------------------------------------
     grader_workers: int = field(default=2, metadata={"help": "Grader worker processes."})
     grader_timeout_s: float = field(default=10.0, metadata={"help": "Per-item grading timeout."})

@@ -32,7 +32,7 @@ from accelerate import PartialState  # noqa: E402
 from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
-from data.prompt import render_prompt  # noqa: E402
+from data.prompt import SYSTEM_PROMPT, render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
@@ -59,6 +59,7 @@ class EvalSpec:
     samples: Mapping[str, int] = field(default_factory=lambda: {FIXED: 8, HELDOUT: 1})
     batch_size: int = 64  # transformers backends: part of what fixes the random stream
     generation: str = "eager"  # the backend (trainer/generation.py): its rows differ from another's
+    system_prompt: str = SYSTEM_PROMPT  # the recipe's system message (data/prompt.py)
 
     def __post_init__(self):
         if self.cap < 1 or self.batch_size < 1:
@@ -80,6 +81,7 @@ class EvalSpec:
             "samples": dict(self.samples),
             "batch_size": self.batch_size,
             "generation": self.generation,
+            "system_prompt": self.system_prompt,
         }
 
     @classmethod
@@ -99,6 +101,7 @@ class EvalSpec:
             samples=dict(ev["samples"]),
             batch_size=batch_size,
             generation=generation,
+            system_prompt=ev.get("system_prompt", SYSTEM_PROMPT),  # run.json from before the prompt field
         )
 
 
@@ -226,7 +229,9 @@ def generate_eval(
     items = [(task_id, i) for task_id in sorted(by_id) for i in range(spec.samples[set_name])]
     seeds = [sample_seed(spec.seed, task_id, i) for task_id, i in items]
     encoded = {
-        task_id: tokenizer(render_prompt(tokenizer, task["problem"]), add_special_tokens=False)["input_ids"]
+        task_id: tokenizer(
+            render_prompt(tokenizer, task["problem"], spec.system_prompt), add_special_tokens=False
+        )["input_ids"]
         for task_id, task in by_id.items()
     }
     prompts = [encoded[task_id] for task_id, _ in items]

@@ -100,7 +100,9 @@ class CapGRPOTrainer(GRPOTrainer):
         G, world, rank = self.num_generations, self.accelerator.num_processes, self.accelerator.process_index
         share = len(task_ids) // world
         mine = task_ids[rank * share : (rank + 1) * share]
-        prompts = [prompt_messages(self.tasks[t]["problem"]) for t in mine for _ in range(G)]
+        prompts = [
+            prompt_messages(self.tasks[t]["problem"], self.args.system_prompt) for t in mine for _ in range(G)
+        ]
         t0 = time.perf_counter()
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         completion_ids, logprobs = self._generate_rollouts(prompt_ids, G)
@@ -199,7 +201,7 @@ class CapGRPOTrainer(GRPOTrainer):
                 outcome = Outcome(outcome)
                 rows.append(
                     (
-                        prompt_messages(task["problem"]),
+                        prompt_messages(task["problem"], self.args.system_prompt),
                         task["answer"],
                         ids,
                         logps,

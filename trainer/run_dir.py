@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -21,6 +23,26 @@ def versions() -> dict[str, str]:
         except Exception:  # an optional package that is not installed
             continue
     return found
+
+
+def code_commit() -> dict:
+    """The code a run was started from: git's HEAD (and whether the tree had changes) where the checkout has
+    its .git, else CAPGRPO_COMMIT, which a copy without .git is given by whoever copied it (a lent machine)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+        if head.returncode == 0:
+            status = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+            )
+            return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()), "from": "git"}
+    except OSError:  # no git on this machine
+        pass
+    if commit := os.environ.get("CAPGRPO_COMMIT"):
+        return {"commit": commit, "dirty": None, "from": "CAPGRPO_COMMIT"}
+    return {"commit": None, "dirty": None, "from": None}
 
 
 def write_json_atomic(path: Path, obj) -> None:
@@ -45,6 +67,8 @@ def write_run_json(
         "eval": eval_spec,
         "config": json.loads(args.to_json_string()),
         "versions": versions(),
+        "code": code_commit(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "run.json", info)

@@ -151,6 +151,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
         batch_size=args.eval_batch_size,
         generation="vllm" if vllm_evaluates(args) else "compiled" if compiled_generation(args) else "eager",
+        system_prompt=args.system_prompt,
     )
     main_process = args.process_index == 0
     if main_process and resume is None:

@@ -1,0 +1,1 @@
+"""Real pretrained bases that a package registry ships (not built here): bases/packaged.py."""

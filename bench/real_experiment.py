@@ -1,0 +1,345 @@
+"""S0 vs S2 on a real pretrained chat model (issue 27; docs/experiment-real/PLAN.md), on one lent H200.
+
+    python bench/real_experiment.py base  --gguf FILE --work W --out $OUT   # convert, base report, the rule's choice
+    python bench/real_experiment.py train --work W --out $OUT --budget-s 500   # start or resume every run
+    python bench/real_experiment.py base --smoke ... / train --smoke ...       # the same on a CPU, tiny
+
+`base` converts the GGUF of SmolLM2-135M-Instruct (bases/packaged.py) into W/smollm2, writes the candidate
+task snapshots (data/synthetic.py's `sum` family at levels 1 and 2) and measures the base on each candidate
+cell (family x prompt x temperature) with the product's own evaluation code (trainer/evaluation.py's
+generate_eval, compiled generation, grader v1): 8 samples of 128 training-pool problems at cap 256. The
+outcome at a smaller cap c follows from the same samples (generation is causal: a completion that ended
+within c tokens is the same completion under cap c; any other is truncated at c). PLAN.md's rule, `choose`
+below, then picks the snapshot, temperature and cap; W/choice.json records it.
+
+`train` runs every arm x seed of PLAN.md (`python -m trainer.train --config configs/smollm2.yaml ...`) at
+once on the one GPU, resuming (exactly) the runs an earlier command left, and sends SIGINT to all when the
+budget is spent (each keeps its last stateNNN/; the next `train` resumes it). Both commands pack what the
+repository keeps (run.json, steps.jsonl, eval rows, run cards, logs, the base report; never weights) into
+$OUT/real-experiment.tar.gz.
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as a file, Python puts bench/ on sys.path, not the repo root
+    sys.path.insert(0, str(ROOT))
+
+import yaml  # noqa: E402
+
+from data.prompt import SYSTEM_PROMPT  # noqa: E402
+
+RECIPE = ROOT / "configs/smollm2.yaml"
+ARCHIVE = "real-experiment.tar.gz"
+ARMS = ("S0", "S2")
+SEEDS = (0, 1, 2, 3, 4, 5)
+# The pre-registered candidates and rule (PLAN.md): every number here is PLAN.md's.
+FAMILIES = {"sum1": 1, "sum2": 2}  # snapshot name -> level of data/synthetic.py's `sum` family
+CAPS = (64, 96, 128, 160, 192, 256)
+REPORT_PROBLEMS, REPORT_SAMPLES, REPORT_CAP = 128, 8, 256
+PASS_BAND, TRUNC_BAND, MIN_GATE_V1 = (0.05, 0.40), (0.08, 0.20), 0.30
+FALLBACK_TRUNC = (0.05, 0.30)
+SMOKE = {"problems": 2, "samples": 2, "cap": 24}
+SMOKE_TRAIN = [
+    "--max_steps", "1", "--groups_per_step", "2", "--num_generations", "2", "--problems_per_round", "2",
+    "--per_device_train_batch_size", "4", "--heldout_size", "4", "--fixed_size", "2", "--fixed_samples", "2",
+    "--eval_every", "1", "--eval_batch_size", "8", "--use_cpu", "true", "--bf16", "false",
+    "--generation_rows", "4", "--report_to", "none",
+]  # fmt: skip
+
+
+def recipe() -> dict:
+    return yaml.safe_load(RECIPE.read_text())
+
+
+def cells() -> list[dict]:
+    """The base report's cells: the recipe's few-shot prompt on both families at T 0.7 and 1.0, and the
+    project's default prompt at T 1.0 on sum1 for reference (never chosen: it shows no format)."""
+    few = recipe()["system_prompt"]
+    out = [
+        {"family": f, "prompt": "few-shot", "temperature": t, "system_prompt": few}
+        for f in FAMILIES
+        for t in (0.7, 1.0)
+    ]
+    return out + [{"family": "sum1", "prompt": "default", "temperature": 1.0, "system_prompt": SYSTEM_PROMPT}]
+
+
+# --- the rule (PLAN.md) ------------------------------------------------------------------------------
+def at_cap(rows: list[dict], cap: int) -> dict:
+    """Outcome shares of the cap-256 samples as they would be at `cap`, and the gate shares of their groups."""
+    outcomes = [r["outcome"] if r["completion_tokens"] <= cap else "truncated" for r in rows]
+    n = len(outcomes)
+    counts = Counter(outcomes)
+    graded = n - counts["indeterminate"]
+    groups: dict[str, list[str]] = {}
+    for r, o in zip(rows, outcomes):
+        groups.setdefault(r["task_id"], []).append(o)
+    v1 = sum("correct" in g and "wrong" in g for g in groups.values())
+    mixed = sum(0 < g.count("correct") < len(g) for g in groups.values())
+    return {
+        "cap": cap,
+        "n": n,
+        "pass@1": counts["correct"] / graded if graded else None,
+        **{o: counts[o] / n for o in ("correct", "wrong", "format_rejected", "truncated", "indeterminate")},
+        "gate_v1": v1 / len(groups),
+        "mixed": mixed / len(groups),
+    }
+
+
+def choose(report: list[dict]) -> dict:
+    """PLAN.md's rule. For each few-shot cell, the cap is the smallest of CAPS whose truncation share lies in
+    TRUNC_BAND; the cell is eligible if its pass@1 there lies in PASS_BAND and its gate-v1 share is at least
+    MIN_GATE_V1. The eligible cell with the largest gate-v1 share wins (ties: lower temperature, then sum1).
+    If none is eligible: the (cell, cap) with the largest gate-v1 share whose truncation lies in
+    FALLBACK_TRUNC and pass@1 in PASS_BAND, flagged `fallback`."""
+    few = [c for c in report if c["prompt"] == "few-shot"]
+    order = lambda c, cap: (-cap["gate_v1"], c["temperature"], c["family"])  # noqa: E731
+    eligible = []
+    for c in few:
+        in_band = [k for k in c["caps"] if TRUNC_BAND[0] <= k["truncated"] <= TRUNC_BAND[1]]
+        if not in_band:
+            continue
+        k = min(in_band, key=lambda k: k["cap"])
+        if PASS_BAND[0] <= k["pass@1"] <= PASS_BAND[1] and k["gate_v1"] >= MIN_GATE_V1:
+            eligible.append((c, k))
+    fallback = not eligible
+    if fallback:
+        eligible = [
+            (c, k)
+            for c in few
+            for k in c["caps"]
+            if FALLBACK_TRUNC[0] <= k["truncated"] <= FALLBACK_TRUNC[1]
+            and PASS_BAND[0] <= k["pass@1"] <= PASS_BAND[1]
+        ]
+    if not eligible:
+        raise SystemExit("error: no candidate cell meets PLAN.md's rule or its fallback; see base_report.md")
+    c, k = min(eligible, key=lambda ck: order(*ck))
+    return {"family": c["family"], "temperature": c["temperature"], "cap": k["cap"], "fallback": fallback,
+            "at_choice": k}  # fmt: skip
+
+
+def report_md(report: list[dict], choice: dict, meta: dict) -> str:
+    lines = [
+        "# Base report: SmolLM2-135M-Instruct, before any training",
+        "",
+        f"{meta['problems']} training-pool problems x {meta['samples']} samples per cell, generated at cap "
+        f"{meta['cap']} with the product's evaluation code ({meta['generation']} generation, grader v1, eval "
+        f"seed 1234); a smaller cap's row counts every completion longer than it as truncated. "
+        f"{meta['device']}, {meta['seconds']:.0f} s.",
+        "",
+        "| tasks | prompt | T | cap | pass@1 | correct | format-rejected | truncated | wrong | gate v1 | mixed |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report:
+        for k in c["caps"]:
+            mark = " **chosen**" if (c["family"], c["temperature"], c["prompt"], k["cap"]) == (
+                choice["family"], choice["temperature"], "few-shot", choice["cap"]) else ""  # fmt: skip
+            lines.append(
+                f"| {c['family']} | {c['prompt']} | {c['temperature']} | {k['cap']}{mark} | {k['pass@1']:.1%} | "
+                f"{k['correct']:.1%} | {k['format_rejected']:.1%} | {k['truncated']:.1%} | {k['wrong']:.1%} | "
+                f"{k['gate_v1']:.0%} | {k['mixed']:.0%} |"
+            )
+    lines += [
+        "",
+        f"Chosen by PLAN.md's rule: `{json.dumps({k: v for k, v in choice.items() if k != 'at_choice'})}`.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- command 1 ---------------------------------------------------------------------------------------
+def snapshot_path(work: Path, family: str) -> Path:
+    return work / f"{family}.tasks.json"
+
+
+def base(work: Path, out: Path, gguf: Path | None, smoke: bool) -> int:
+    import torch
+
+    from bases.packaged import SOURCES, BaseError, convert, converted, locate
+    from data.eval_sets import choose_eval_sets
+    from data.snapshot import load_snapshot, write_snapshot
+    from data.synthetic import generate_tasks
+    from rewards.grader import GraderPool
+    from trainer.evaluation import EvalSpec, generate_eval, load_checkpoint
+
+    work.mkdir(parents=True, exist_ok=True)
+    source, model_dir = SOURCES["smollm2"], work / "smollm2"
+    t0 = time.perf_counter()
+    if not converted(model_dir, source):
+        try:
+            convert(gguf or locate(source), model_dir, source)
+        except BaseError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    print(f"converted in {time.perf_counter() - t0:.0f} s: {model_dir}", flush=True)
+    shas = {
+        f: write_snapshot(generate_tasks(1200, 0, (lv,), ("sum",)), snapshot_path(work, f))
+        for f, lv in FAMILIES.items()
+    }
+    device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
+    model, tokenizer = load_checkpoint(model_dir, device)
+    tokenizer.padding_side = "left"
+    problems, samples, cap = (SMOKE["problems"], SMOKE["samples"], SMOKE["cap"]) if smoke else (
+        REPORT_PROBLEMS, REPORT_SAMPLES, REPORT_CAP)  # fmt: skip
+    generation = "compiled" if device == "cuda" else "eager"
+    report, t0 = [], time.perf_counter()
+    with GraderPool(workers=4 if device == "cuda" else 1, timeout_s=10, memory_mb=2048) as pool:
+        for cell in cells():
+            tasks = {t["id"]: t for t in load_snapshot(snapshot_path(work, cell["family"]))}
+            sets = choose_eval_sets(list(tasks), seed=0, heldout_size=300, fixed_size=32)
+            pool_ids = random.Random(0).sample(sorted(sets.train_pool), problems)
+            spec = EvalSpec(cap=cap, temperature=cell["temperature"], top_p=1.0, seed=1234,
+                            samples={"base": samples}, batch_size=512 if device == "cuda" else 8,
+                            generation=generation, system_prompt=cell["system_prompt"])  # fmt: skip
+            t1 = time.perf_counter()
+            rows = generate_eval(
+                model, tokenizer, [tasks[i] for i in pool_ids], spec, "base", grade_fn=pool.grade_batch
+            )
+            caps = [at_cap(rows, c) for c in (CAPS if not smoke else (cap // 2, cap))]
+            report.append({**{k: v for k, v in cell.items() if k != "system_prompt"}, "caps": caps,
+                           "seconds": round(time.perf_counter() - t1, 1)})  # fmt: skip
+            with (work / f"base_rows_{cell['family']}_{cell['prompt']}_T{cell['temperature']}.jsonl").open(
+                "w"
+            ) as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            print(
+                f"{cell['family']} {cell['prompt']} T={cell['temperature']}: {caps[-1]} ({report[-1]['seconds']} s)",
+                flush=True,
+            )
+    choice = (
+        choose(report) if not smoke else {"family": "sum1", "temperature": 1.0, "cap": cap, "fallback": False}
+    )
+    choice |= {"snapshot_sha256": shas[choice["family"]]}
+    meta = {"problems": problems, "samples": samples, "cap": cap, "generation": generation,
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+            "seconds": time.perf_counter() - t0}  # fmt: skip
+    (work / "base_report.json").write_text(
+        json.dumps({"meta": meta, "cells": report, "choice": choice}, indent=1) + "\n"
+    )
+    (work / "base_report.md").write_text(report_md(report, choice, meta))
+    (work / "choice.json").write_text(json.dumps(choice, indent=1) + "\n")
+    print((work / "base_report.md").read_text(), flush=True)
+    pack(work, out)
+    return 0
+
+
+# --- command 2 ---------------------------------------------------------------------------------------
+def run_dir(work: Path, arm: str, seed: int) -> Path:
+    return work / "runs" / f"smollm2-{arm}-s{seed}"
+
+
+def finished(run: Path, max_steps: int) -> bool:
+    steps = run / "results/steps.jsonl"
+    if not steps.is_file():
+        return False
+    rows = [json.loads(line) for line in steps.read_text().splitlines() if line.strip()]
+    return (
+        any(r.get("step") == max_steps for r in rows)
+        and (run / f"results/eval_step{max_steps:03d}.jsonl").is_file()
+    )
+
+
+def train(work: Path, out: Path, budget_s: float, smoke: bool, seeds: tuple[int, ...]) -> int:
+    choice = json.loads((work / "choice.json").read_text())
+    max_steps = 1 if smoke else int(recipe()["max_steps"])
+    common = ["--model_name_or_path", str(work / "smollm2"), "--snapshot_path", str(snapshot_path(work, choice["family"])),
+              "--snapshot_sha256", choice["snapshot_sha256"], "--temperature", str(choice["temperature"]),
+              "--max_completion_length", str(choice["cap"]), *(SMOKE_TRAIN if smoke else [])]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "OMP_NUM_THREADS": "2"}  # fmt: skip
+    procs, t0 = [], time.perf_counter()
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    for arm in ARMS:
+        for seed in seeds:
+            run = run_dir(work, arm, seed)
+            if finished(run, max_steps):
+                continue
+            cmd = [
+                sys.executable,
+                "-m",
+                "trainer.train",
+                "--config",
+                str(RECIPE),
+                "--arm",
+                arm,
+                "--seed",
+                str(seed),
+            ]
+            cmd += ["--resume", str(run)] if (run / "run.json").is_file() else ["--output_dir", str(run)]
+            log = work / "runs" / f"{run.name}.log"
+            with log.open("a") as f:
+                f.write(f"\n$ {' '.join(cmd + common)}\n")
+            procs.append((run, subprocess.Popen(cmd + common, cwd=ROOT, env=env, stdout=log.open("a"),
+                                                stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
+    print(f"started {len(procs)} runs", flush=True)
+    deadline = t0 + budget_s
+    while any(p.poll() is None for _, p in procs) and time.perf_counter() < deadline:
+        time.sleep(5)
+    for _, p in procs:  # Ctrl-C: each run keeps its last state and exits
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGINT)
+    grace = time.perf_counter() + 45
+    for _, p in procs:
+        try:
+            p.wait(timeout=max(1, grace - time.perf_counter()))
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    for run, p in procs:
+        steps = run / "results/steps.jsonl"
+        done = len(steps.read_text().splitlines()) if steps.is_file() else 0
+        print(
+            f"{run.name}: exit {p.returncode}, {done} step rows, finished={finished(run, max_steps)}",
+            flush=True,
+        )
+    print(f"train wall {time.perf_counter() - t0:.0f} s", flush=True)
+    pack(work, out)
+    return 0
+
+
+def pack(work: Path, out: Path) -> Path:
+    """What the repository keeps: never weights or optimizer state."""
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / ARCHIVE
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in sorted(work.rglob("*")):
+            rel = path.relative_to(work).as_posix()
+            if not path.is_file() or path.suffix == ".safetensors" or "/step" in rel or "/state" in rel:
+                continue
+            if rel.startswith("smollm2/") and not rel.endswith("base_manifest.json"):
+                continue
+            if rel.endswith(".tasks.json") or "/runs/" in f"/{rel}" and "tfevents" in rel:
+                continue
+            tar.add(path, arcname=f"real-experiment/{rel}")
+    print(f"packed {archive} ({archive.stat().st_size / 2**20:.1f} MiB)", flush=True)
+    return archive
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python bench/real_experiment.py", description=__doc__.splitlines()[0])
+    ap.add_argument("command", choices=("base", "train"))
+    ap.add_argument("--work", type=Path, default=ROOT / "artifacts/real-experiment")
+    ap.add_argument("--out", type=Path, default=None, help="what comes back (default $OUT, else <work>/out)")
+    ap.add_argument("--gguf", type=Path, default=None, help="the GGUF (default: the installed package's)")
+    ap.add_argument("--budget-s", type=float, default=500)
+    ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--smoke", action="store_true", help="CPU sizes: 1 step, tiny eval sets")
+    args = ap.parse_args(argv)
+    out = args.out or Path(os.environ.get("OUT") or args.work / "out")
+    work = args.work.resolve()
+    if args.command == "base":
+        return base(work, out, args.gguf, args.smoke)
+    return train(work, out, args.budget_s, args.smoke, tuple(int(s) for s in args.seeds.split(",")))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

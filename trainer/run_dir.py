@@ -28,6 +28,8 @@ def versions() -> dict[str, str]:
 def code_commit() -> dict:
     """The code a run was started from: git's HEAD (and whether the tree had changes) where the checkout has
     its .git, else CAPGRPO_COMMIT, which a copy without .git is given by whoever copied it (a lent machine)."""
+    if commit := os.environ.get("CAPGRPO_COMMIT"):  # first: a copied .git can be stale (a lent machine's)
+        return {"commit": commit, "dirty": None, "from": "CAPGRPO_COMMIT"}
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
@@ -40,8 +42,6 @@ def code_commit() -> dict:
             return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()), "from": "git"}
     except OSError:  # no git on this machine
         pass
-    if commit := os.environ.get("CAPGRPO_COMMIT"):
-        return {"commit": commit, "dirty": None, "from": "CAPGRPO_COMMIT"}
     return {"commit": None, "dirty": None, "from": None}
 
 

@@ -313,7 +313,7 @@ def pack(work: Path, out: Path) -> Path:
     with tarfile.open(archive, "w:gz") as tar:
         for path in sorted(work.rglob("*")):
             rel = path.relative_to(work).as_posix()
-            if not path.is_file() or path.suffix == ".safetensors" or "/step" in rel or "/state" in rel:
+            if not path.is_file() or path.suffix == ".safetensors" or re.search(r"/(step|state)\d+/", rel):
                 continue
             if rel.startswith("smollm2/") and not rel.endswith("base_manifest.json"):
                 continue

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys

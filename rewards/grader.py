@@ -182,6 +182,9 @@ def _worker_main(memory_mb: str, timeout_s: str, max_answer_chars: str, judge_na
     [outcome, cause]. `cause` is "" for a verdict, otherwise why the item is indeterminate: timeout,
     memory, recursion, error, oversize. After a timeout, memory or recursion the parent replaces the worker.
     """
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C is the trainer's to report; we leave at end of input
     protocol = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # a stray print() from a library must not corrupt the protocol stream
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" warning is expected
@@ -429,6 +432,7 @@ class GraderPool:
         return False
 
     def _start(self, slot: int, report: BatchReport) -> None:
+        _Worker.reap(block=True)  # the worker it replaces is gone first: never more processes than `workers`
         try:
             self._workers[slot] = _Worker(self._argv)
         except OSError as exc:  # fork refused: out of processes or memory
@@ -523,7 +527,12 @@ class GraderPool:
                     if self._workers[slot] is None:
                         failed_start.add(slot)
                 elif worker is not None and worker.ready and slot not in busy.values():
-                    if worker.process.poll() is not None and todo:  # died between items
+                    if (code := worker.process.poll()) is not None and todo:  # died between items
+                        logger.warning(
+                            "grader worker (pid %d) exited while idle (%s); starting a replacement",
+                            worker.process.pid,
+                            f"killed by signal {-code}" if code < 0 else f"exit status {code}",
+                        )
                         worker.kill()
                         self._start(slot, report)
             busy_slots = set(busy.values())
@@ -591,10 +600,15 @@ class GraderPool:
 
     def _start_failed(self, slot: int, report: BatchReport, failed_start: set[int]) -> None:
         worker = self._workers[slot]
+        if (code := worker.process.poll()) is None:
+            what = f"did not start within {self._startup_timeout_s:g} s"
+        else:  # killed from outside, or it failed on the way up (its stderr is above)
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            what = f"exited ({how}) {time.monotonic() - worker.started:.1f} s after it was started, before it was ready"
         logger.warning(
-            "grader worker (pid %d) did not start within %g s; its items are indeterminate until one does",
+            "grader worker (pid %d) %s; its items are indeterminate until a replacement starts",
             worker.process.pid,
-            self._startup_timeout_s,
+            what,
         )
         worker.kill()
         self._workers[slot] = None

@@ -12,7 +12,7 @@ import pytest
 from grader_judges import hooked_judge
 
 from rewards import grader
-from rewards.grader import Grade, GraderPool, grade
+from rewards.grader import Grade, GraderPool, _Worker, grade
 from rewards.outcome import GRADER_VERSION, Outcome
 
 MATH500 = Path(__file__).resolve().parents[2] / "shared" / "data" / "math500.jsonl"
@@ -332,6 +332,27 @@ def test_workers_are_recycled_after_n_items_and_after_a_timeout():
         assert [g.outcome for g in grades] == [IND, C] and pool.last_report.recycled == 1
 
 
+def test_a_replaced_worker_is_reaped_before_the_next_item_starts():
+    """Issue 30, case 9: after a timeout the killed worker lingered beside its replacement (3 of 2)."""
+    with GraderPool(workers=1, timeout_s=0.5, judge=hooked_judge) as pool:
+        first = pool._workers[0].process
+        grades = pool.grade_batch([_completion("SPIN:5"), "\\boxed{1}"], ["1"] * 2, [False] * 2)
+        assert [g.outcome for g in grades] == [IND, C]
+        assert first.returncode is not None and first not in _Worker.dying  # waited for, not a zombie
+
+
+def test_a_worker_killed_from_outside_while_idle_is_named_as_such(caplog):
+    """Issue 30, case 9: it was reported as "did not start within 120 s" 0.03 s after the kill."""
+    with GraderPool(workers=1, timeout_s=1.0) as pool:
+        worker = pool._workers[0].process
+        worker.kill()
+        worker.wait()
+        with caplog.at_level(logging.WARNING, logger="rewards.grader"):
+            assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]
+    assert f"grader worker (pid {worker.pid}) exited while idle (killed by signal 9)" in caplog.text
+    assert "did not start" not in caplog.text
+
+
 @pytest.mark.parametrize("failure", ["exit", "hang"])
 def test_failed_restart_is_indeterminate_and_a_warning(monkeypatch, caplog, failure):
     with GraderPool(workers=1, timeout_s=1.0, judge=hooked_judge) as pool:
@@ -348,7 +369,8 @@ def test_failed_restart_is_indeterminate_and_a_warning(monkeypatch, caplog, fail
         assert [g.outcome for g in grades] == [C, IND, IND, IND]
         assert pool.last_report.start_failures == 1
         assert elapsed < 2.0 + 10.0  # a hung start costs its start-up limit, not the default 120 s
-        assert "did not start" in caplog.text
+        said = {"exit": "exited (exit status 5)", "hang": "did not start within 2 s"}[failure]
+        assert said in caplog.text  # what happened, not a start-up timeout that did not (issue 30, case 9)
         monkeypatch.delenv("CAPGRPO_TEST_WORKER_START")
         pool._startup_timeout_s = 120.0
         assert [g.outcome for g in pool.grade_batch(["\\boxed{1}"], ["1"], [False])] == [C]  # recovered

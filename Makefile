@@ -56,7 +56,7 @@ eval:  ## make eval RUN=runs/S2 STEPS=20,29 [CAP=24576]: evaluate saved checkpoi
 	$(PY) -m trainer.evaluation $(RUN) --steps $(STEPS) $(if $(CAP),--cap $(CAP))
 
 regrade:  ## make regrade RUN=runs/S2 [GRADER=v2]: re-grade the run's eval files into results/regrade-GRADER/
-	$(PY) -m rewards.regrade $(RUN) --grader $(or $(GRADER),v2)
+	$(PY) -m rundir.regrade $(RUN) --grader $(or $(GRADER),v2)
 
 compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/S2 B=runs/S0 [A_STEP=N B_STEP=N] [OUT=dir]" >&2; exit 2; }

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from rundir.state import load_state, save_state
 from trainer.cpu_adamw import CPUAdamW
-from trainer.state_shard import load_state, save_state
 
 
 def make_params(n: float, device: str, dtype: torch.dtype) -> list[tuple[str, torch.nn.Parameter]]:

@@ -12,8 +12,9 @@ import argparse
 from pathlib import Path
 
 from cards.checkpoint_card import build_checkpoint_card
-from cards.metadata import read_run
+from cards.metadata import save_card
 from cards.run_card import build_run_card
+from rundir.files import Run, step_dir
 
 
 def write_cards(
@@ -24,14 +25,14 @@ def write_cards(
     repo_id: str | None = None,
 ) -> list[Path]:
     """Every checkpoint card (or those of `steps`) and the run card, from one reading of the run's files."""
-    run = read_run(run_dir)
+    run = Run(run_dir)
     cards = [
-        (run.dir / f"step{s:03d}" / "README.md", build_checkpoint_card(run, s, repo_id))
+        (step_dir(run.dir, s) / "README.md", build_checkpoint_card(run, s, repo_id))
         for s in steps or run.saved
     ]
     cards.append((run.dir / "README.md", build_run_card(run, control, repo_id)))
     for path, card in cards:
-        card.save(path)
+        save_card(card, path)
     return [path for path, _ in cards]
 
 

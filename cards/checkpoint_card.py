@@ -7,7 +7,7 @@ from huggingface_hub import ModelCard
 from cards import metadata
 from data.prompt import SYSTEM_PROMPT
 from rewards.outcome import Outcome
-from rundir.files import Run, SetScore, pct
+from rundir.files import Run, SetScore, pct, state_name, step_dir, step_name
 
 FAILURES = (Outcome.WRONG, Outcome.TRUNCATED, Outcome.FORMAT_REJECTED, Outcome.INDETERMINATE)
 
@@ -36,18 +36,18 @@ def _set_row(name: str, step: int, cap: int, sc: SetScore, base: SetScore | None
 def _resume_dir(run: Run, step: int, repo_id: str | None) -> str:
     """What to pass to --resume: the run dir resumes from its newest state, an older state needs its own dir."""
     if step in run.resumable and step != max(run.resumable):
-        return f"<dir with step{step:03d}/ and state{step:03d}/>"
+        return f"<dir with {step_name(step)}/ and {state_name(step)}/>"
     return f"<local copy of {repo_id}>" if repo_id else str(run.dir)
 
 
 # --- checkpoint card --------------------------------------------------------------------------------
 def checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = None) -> ModelCard:
     """The card of `stepNNN/`; `repo_id` (set by the push) makes the loading snippets point at the Hub repo."""
-    return build_checkpoint_card(metadata.read_run(run_dir), step, repo_id)
+    return build_checkpoint_card(Run(run_dir), step, repo_id)
 
 
 def build_checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard:
-    name = f"step{step:03d}"
+    name = step_name(step)
     if step not in run.saved:
         raise FileNotFoundError(f"{run.dir / name}: no such checkpoint directory")
     base = run.scores.get((0, run.eval_cap), {})
@@ -71,13 +71,13 @@ def build_checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard
         model_name=model_name,
         step=step,
         step_dir=name,
-        state_dir=f"state{step:03d}",
+        state_dir=state_name(step),
         rows=rows,
         other_rows=other,
         rank=rank,
         rank_set=run.rank_set,
-        ranking=[(f"step{s:03d}", pct(a)) for s, a in ranking],
-        evaluated_saved=[f"step{s:03d}" for s in run.saved if run.score(s, run.rank_set)],
+        ranking=[(step_name(s), pct(a)) for s, a in ranking],
+        evaluated_saved=[step_name(s) for s in run.saved if run.score(s, run.rank_set)],
         architecture=run.architecture(step),
         repo_id=repo_id,
         load_path=repo_id or str(run.dir / name),
@@ -88,6 +88,6 @@ def build_checkpoint_card(run: Run, step: int, repo_id: str | None) -> ModelCard
 
 
 def write_checkpoint_card(run_dir: Path | str, step: int, *, repo_id: str | None = None) -> Path:
-    path = Path(run_dir) / f"step{step:03d}" / "README.md"
-    checkpoint_card(run_dir, step, repo_id=repo_id).save(path)
+    path = step_dir(run_dir, step) / "README.md"
+    metadata.save_card(checkpoint_card(run_dir, step, repo_id=repo_id), path)
     return path

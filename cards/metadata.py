@@ -9,8 +9,9 @@ import jinja2
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from cards.policy_text import CONTROL_ARM, changes_from_control, describe_policy, recorded_policy
-from policy.arms import ALL_ARMS, ALL_POLICIES
-from rundir.files import Run, RunFileError
+from data.atomic import write_atomic
+from policy.arms import ALL_ARMS
+from rundir.files import Run, state_name
 
 CITATIONS = """Cite GRPO as:
 
@@ -43,17 +44,6 @@ TEMPLATES = jinja2.Environment(
     lstrip_blocks=True,
     keep_trailing_newline=True,
 )
-
-
-def read_run(run_dir: Path | str) -> Run:
-    """The run directory, with what a card needs beyond the contract: the base model and a known policy."""
-    run = Run(run_dir)
-    if "base_model" not in run.meta:
-        raise RunFileError(f"{run.dir / 'run.json'}: missing field 'base_model'")
-    if run.policy_id not in ALL_POLICIES:
-        known = sorted(ALL_POLICIES)
-        raise RunFileError(f"{run.dir / 'run.json'}: unknown policy_id {run.policy_id!r}; known: {known}")
-    return run
 
 
 def eval_results(run: Run, step: int) -> list[EvalResult]:
@@ -94,7 +84,7 @@ def card_data(
     tags = ["trl", "grpo", "capgrpo", f"arm-{run.arm}", run.policy_id, f"gate-{run.gate}"]
     tags += ["lora"] if adapter else []
     return ModelCardData(
-        base_model=_hub_base_model(run.meta["base_model"]),
+        base_model=_hub_base_model(run.base_model),
         library_name="peft" if adapter else "transformers",
         model_name=model_name,
         tags=tags,
@@ -110,6 +100,12 @@ def render(template: str, data: ModelCardData, **context) -> ModelCard:
     return ModelCard(text)
 
 
+def save_card(card: ModelCard, path: Path) -> Path:
+    """Atomically (ModelCard.save truncates the file first: a full disk left README.md at 0 bytes), with the
+    bytes ModelCard.save writes."""
+    return write_atomic(path, str(card).encode("utf-8"))
+
+
 def common_context(run: Run) -> dict:
     return {
         "arm": run.arm,
@@ -121,14 +117,14 @@ def common_context(run: Run) -> dict:
         "control_arm": CONTROL_ARM,
         "groups_per_step": run.groups_per_step,
         "num_generations": run.meta.get("num_generations"),
-        "base_model": run.meta["base_model"],
+        "base_model": run.base_model,
         "grader_version": run.meta["grader_version"],
         "eval": run.meta["eval"],
         "seed": run.meta.get("config", {}).get("seed"),
         "recipe": run.meta.get("recipe", "<recipe.yaml>"),
         "versions": run.meta.get("versions", {}),
         "other_caps": sorted({c for _, c in run.scores} - {run.eval_cap}),
-        "states": [f"state{s:03d}" for s in run.states],
+        "states": [state_name(s) for s in run.states],
         "resumable": run.resumable,
         "newest_state": max(run.resumable, default=None),
         "last_step": run.last_step,

@@ -4,13 +4,17 @@ derived from its row of the table in policy/arms.py, and how an arm differs from
 import json
 
 from policy.arms import ALL_POLICIES, ARMS, MASKED, NO_REWARD, TRAINED, CapPolicy, Treatment, resolve_arm
-from rundir.files import Run
+from rundir.files import Run, RunFileError
 
 CONTROL_ARM = "S0"
 
 
 def recorded_policy(run: Run) -> CapPolicy:
-    """The policy as trained: the recorded arm's, with the policy_params of its recipe's `arms:`."""
+    """The policy as trained: the recorded arm's, with the policy_params of its recipe's `arms:`; a policy id
+    this version does not know is refused by name (a card must not describe another policy)."""
+    if run.policy_id not in ALL_POLICIES:
+        known = sorted(ALL_POLICIES)
+        raise RunFileError(f"{run.dir / 'run.json'}: unknown policy_id {run.policy_id!r}; known: {known}")
     extra = run.meta.get("config", {}).get("arms")
     try:
         arm = resolve_arm(run.arm, json.loads(extra) if isinstance(extra, str) else extra)

@@ -30,9 +30,10 @@ from huggingface_hub.utils import validate_repo_id
 
 from cards.card import parse_steps, write_cards
 from cards.checkpoint_card import checkpoint_card
-from cards.metadata import read_run
 from cards.run_card import run_card
-from trainer.state_shard import StateError, verify_state
+from rundir.files import Run, state_dir, state_name, step_dir, step_name
+from rundir.state import StateError, verify_state
+from rundir.step import verify_step
 
 logger = logging.getLogger(__name__)
 
@@ -67,22 +68,24 @@ def plan_push(
     validate_repo_id(repo_id)
     if not revision:
         raise ValueError("revision must be a branch name, e.g. main")
-    run = read_run(run_dir)
+    run = Run(run_dir)
     chosen = run.saved if steps is None else sorted(steps)
     if missing := [s for s in chosen if s not in run.saved]:
-        raise FileNotFoundError(f"{run.dir}: no step{missing[0]:03d}/ (checkpoints: {run.saved})")
+        raise FileNotFoundError(f"{run.dir}: no {step_name(missing[0])}/ (checkpoints: {run.saved})")
     state_steps = (run.states if steps is None else chosen) if states else []
     if missing := [s for s in state_steps if s not in run.states]:
-        raise FileNotFoundError(f"{run.dir}: no state{missing[0]:03d}/ (optimizer states: {run.states})")
+        raise FileNotFoundError(f"{run.dir}: no {state_name(missing[0])}/ (optimizer states: {run.states})")
     for name in ROOT_FILES:
         if not (run.dir / name).is_file() and run.dir / name not in pending:
             raise FileNotFoundError(f"{run.dir / name}: missing (run `python -m cards.card {run.dir}` first)")
     plan = [PlanItem(run.dir / name, name) for name in ROOT_FILES] + _files(run.dir, "results")
-    for s in chosen:
-        plan += _files(run.dir, f"step{s:03d}", pending)
+    for s in chosen:  # StateError naming the file: a broken checkpoint or state is never pushed
+        others = ",".join(str(o) for o in run.saved if o != s)
+        verify_step(step_dir(run.dir, s), way_on=f"push the others with --steps {others}" if others else "")
+        plan += _files(run.dir, step_dir(run.dir, s).name, pending)
     for s in state_steps:
-        verify_state(run.dir / f"state{s:03d}")  # StateError naming the file: a broken state is not pushed
-        plan += _files(run.dir, f"state{s:03d}")
+        verify_state(state_dir(run.dir, s))
+        plan += _files(run.dir, state_dir(run.dir, s).name)
     return plan
 
 
@@ -113,8 +116,8 @@ def rendered_cards(
     run_dir: Path | str, control: Path | str | None, steps: list[int] | None, repo_id: str
 ) -> dict[Path, bytes]:
     """The cards `write_cards` would write, {path: bytes}, without writing them."""
-    run = read_run(run_dir)
-    cards = {run.dir / f"step{s:03d}" / "README.md": checkpoint_card(run.dir, s, repo_id=repo_id)
+    run = Run(run_dir)
+    cards = {step_dir(run.dir, s) / "README.md": checkpoint_card(run.dir, s, repo_id=repo_id)
              for s in steps or run.saved}  # fmt: skip
     cards[run.dir / "README.md"] = run_card(run.dir, control, repo_id=repo_id)
     return {path: str(card).encode() for path, card in cards.items()}

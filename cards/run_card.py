@@ -10,7 +10,7 @@ from huggingface_hub import ModelCard
 
 from analysis.stats import format_p
 from cards import metadata
-from rundir.files import Run, pct
+from rundir.files import Run, pct, step_name
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def run_card(
     run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None
 ) -> ModelCard:
     """The run's README.md: the seed card's sections (summary, Recipe, Results, Limits, Files) for this run."""
-    return build_run_card(metadata.read_run(run_dir), control, repo_id)
+    return build_run_card(Run(run_dir), control, repo_id)
 
 
 def recorded_control(run_dir: Path | str) -> Path | None:
@@ -139,10 +139,10 @@ def build_run_card(run: Run, control: Path | str | None, repo_id: str | None) ->
         ],
         table_sets=table_sets,
         table=table,
-        evaluated=[f"step{s:03d}" for s in evals],
-        saved=[f"step{s:03d}" for s in run.saved],
-        best=None if best is None else {"dir": f"step{best:03d}", "accuracy": pct(ranking[0][1])},
-        last_saved=f"step{run.saved[-1]:03d}" if run.saved else None,
+        evaluated=[step_name(s) for s in evals],
+        saved=[step_name(s) for s in run.saved],
+        best=None if best is None else {"dir": step_name(best), "accuracy": pct(ranking[0][1])},
+        last_saved=step_name(run.saved[-1]) if run.saved else None,
         architecture=run.architecture(run.saved[-1]) if run.saved else run.meta.get("architecture", "?"),
         versus=_comparison(run, control) if control is not None else None,
         decline=_decline(run),
@@ -156,5 +156,5 @@ def write_run_card(
     run_dir: Path | str, control: Path | str | None = None, *, repo_id: str | None = None
 ) -> Path:
     path = Path(run_dir) / "README.md"
-    run_card(run_dir, control, repo_id=repo_id).save(path)
+    metadata.save_card(run_card(run_dir, control, repo_id=repo_id), path)
     return path

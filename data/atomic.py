@@ -1,28 +1,76 @@
-"""One way to write a file that readers never see half-written: temp file, fsync, os.replace.
+"""One way to write a file that readers never see half-written: temp file, fsync, os.replace; and the one
+disk-full message of a run.
 
 The temp file is `.NAME.tmp-<pid>-<random>` beside NAME, so that a writer killed mid-way leaves a file whose
-owner can be told dead (trainer/state_shard.py `remove_interrupted_saves` removes it)."""
+owner can be told dead (rundir/state.py `remove_interrupted_saves` removes it). A write that does not fit
+raises `DiskFullError` naming the path, the bytes needed and the bytes free, after removing its temp file."""
 
+import errno
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
 TEMP_FILE = re.compile(r"\.(.+)\.tmp-(\d+)-[^.]+")  # group 1: the file it was for, group 2: the writer's pid
+FILE_MODE = 0o644  # every file of a run, weights included: run files are shared data (mkstemp makes 0600)
+
+
+class DiskFullError(OSError):
+    """A write that did not fit; the message names the path, the bytes needed and the bytes free."""
+
+    def __str__(self) -> str:  # a sentence, not "[Errno 28] ..."
+        return self.strerror
+
+
+def disk_full(target: Path, needed: int) -> DiskFullError:
+    target = Path(target)
+    free = shutil.disk_usage(target.parent if target.parent.exists() else Path.cwd()).free
+    return DiskFullError(
+        errno.ENOSPC,
+        f"{target}: not saved, the disk is full: it needs {needed:,} bytes and {free:,} are free in "
+        f"{target.parent} (free some space, then resume)",
+    )
+
+
+def is_disk_full(e: BaseException) -> bool:
+    return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-{os.getpid()}-")
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path, len(data)) from None
+        raise
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes files private; run files are shared data
+            os.fchmod(f.fileno(), FILE_MODE)
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise disk_full(path, len(data)) from None
         raise
     return path
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append one line and fsync it: a crash leaves at most this line torn (without its newline)."""
+    path, data = Path(path), (line + "\n").encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        if is_disk_full(e):
+            raise disk_full(path, len(data)) from None
+        raise

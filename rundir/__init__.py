@@ -1,1 +1,3 @@
-"""A run directory's files read (and eval rows written) in one place: `rundir.files`."""
+"""Every file of a run directory, in one place (docs/CONTRACTS.md): names and rows (`rundir.files`), run.json
+(`rundir.run_json`), `stateNNN/` (`rundir.state`), `stepNNN/` manifests (`rundir.step`), the run's lock
+(`rundir.lock`), what a resume does to the files (`rundir.resume`) and re-grading (`rundir.regrade`)."""

@@ -16,6 +16,7 @@ from functools import cached_property
 from pathlib import Path
 
 from data.atomic import write_atomic
+from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
 
 STEP_DIR = re.compile(r"step(\d{3,})")
@@ -36,12 +37,25 @@ class RunFileError(ValueError):
 
 
 # --- names ------------------------------------------------------------------------------------------------
+def step_name(step: int) -> str:
+    """`step003`: the stepNNN/ weights of a step (and how cards and the Hub repo name them)."""
+    return f"step{step:03d}"
+
+
+def state_name(step: int) -> str:
+    return f"state{step:03d}"
+
+
 def step_dir(run_dir: Path | str, step: int) -> Path:
-    return Path(run_dir) / f"step{step:03d}"
+    return Path(run_dir) / step_name(step)
 
 
 def state_dir(run_dir: Path | str, step: int) -> Path:
-    return Path(run_dir) / f"state{step:03d}"
+    return Path(run_dir) / state_name(step)
+
+
+def steps_path(run_dir: Path | str) -> Path:
+    return Path(run_dir) / "results" / "steps.jsonl"
 
 
 def eval_path(run_dir: Path | str, step: int, cap_suffix: int | None = None) -> Path:
@@ -50,14 +64,30 @@ def eval_path(run_dir: Path | str, step: int, cap_suffix: int | None = None) -> 
 
 
 # --- rows -------------------------------------------------------------------------------------------------
-def read_jsonl(path: Path | str) -> list[dict]:
-    path, rows = Path(path), []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as e:
+def read_jsonl(path: Path | str, *, torn_tail: str = "refuse") -> list[dict]:
+    """The rows of a JSON-lines file. A last line without its newline that does not parse is what a crash
+    during an append leaves (a torn row): `torn_tail="drop"` (resume, which redoes that step) leaves it out,
+    "refuse" names it and the way on. An unparseable row anywhere else is always refused."""
+    return [row for _, row in _numbered_rows(Path(path), torn_tail)]
+
+
+def _numbered_rows(path: Path, torn_tail: str = "refuse") -> list[tuple[int, dict]]:
+    text = path.read_text(errors="replace")
+    lines, rows = text.splitlines(), []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((i, json.loads(line)))
+        except json.JSONDecodeError as e:
+            if i < len(lines) or text.endswith("\n"):
                 raise RunFileError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+            if torn_tail == "drop":
+                break
+            raise RunFileError(
+                f"{path}:{i}: torn last row (what an append interrupted by a crash or a full disk leaves): "
+                "resume the run with --resume to redo its step, or delete that line"
+            ) from None
     return rows
 
 
@@ -233,19 +263,26 @@ class Run:
         return (self.meta.get("config") or {}).get("seed")
 
     @property
+    def base_model(self) -> str:
+        """What the run trained from (cards name it); refused by name when run.json lacks it."""
+        if "base_model" not in self.meta:
+            raise RunFileError(f"{self.dir / 'run.json'}: missing field 'base_model'")
+        return self.meta["base_model"]
+
+    @property
     def groups_per_step(self) -> int | None:
         return self.meta.get("groups_per_step")
 
     @property
     def rank_set(self) -> str:
-        """The set that picks the best checkpoint: run.json's best_step.set, else heldout300."""
-        return (self.meta.get("best_step") or {}).get("set", "heldout300")
+        """The set that picks the best checkpoint: run.json's best_step.set, else the held-out set."""
+        return (self.meta.get("best_step") or {}).get("set", HELDOUT)
 
     # --- results/steps.jsonl --------------------------------------------------------------------------
     @cached_property
     def steps(self) -> list[dict]:
         """steps.jsonl's rows by step ([] before the first step); a row without a step or twice is refused."""
-        path = self.dir / "results" / "steps.jsonl"
+        path = steps_path(self.dir)
         rows: dict[int, dict] = {}
         for i, row in enumerate(read_jsonl(path) if path.is_file() else [], 1):
             if "step" not in row:
@@ -272,13 +309,7 @@ class Run:
                 f"evaluated steps: {steps}"
             )
         rows = []
-        for i, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunFileError(f"{path}:{i}: not valid JSON ({e.msg})") from None
+        for i, r in _numbered_rows(path):
             if missing := [f for f in READ_FIELDS if f not in r]:
                 raise RunFileError(f"{path}:{i}: missing field(s) {', '.join(missing)}")
             if r["outcome"] not in OUTCOMES:

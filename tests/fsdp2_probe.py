@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from scripted import TextGrader, tiny_random_model  # noqa: E402
 
 from rundir.files import read_jsonl  # noqa: E402
+from rundir.state import load_state, save_state  # noqa: E402
 from trainer import sharding  # noqa: E402
 from trainer.checkpoint import export_optimizer, import_optimizer, load_masters_into_model  # noqa: E402
 from trainer.evaluation import EvalCallback, EvalSpec, checkpoint_weights, run_eval  # noqa: E402
-from trainer.state_shard import load_state, save_state  # noqa: E402
 
 
 def sharded_model(mesh):

@@ -18,7 +18,8 @@ from cards.checkpoint_card import write_checkpoint_card
 from cards.cleanup import scrub_checkpoint_dir
 from cards.run_card import write_run_card
 from policy.arms import ARMS
-from trainer.state_shard import save_state
+from rundir.state import save_state
+from rundir.step import write_manifest
 
 OUTCOMES = ["correct", "wrong", "truncated", "format_rejected", "indeterminate"]
 FIXED = [f"math-fixed{i:07d}" for i in range(4)]
@@ -88,6 +89,7 @@ def make_run(
         d.mkdir()
         (d / "config.json").write_text(json.dumps({"architectures": [ARCH], "model_type": "qwen3_5"}))
         (d / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+        write_manifest(d)  # as save_weights does: a push verifies it
     for s in states:  # real (tiny) states: a push verifies them
         save_state(run / f"state{s:03d}", tensors={"w": torch.zeros(2)}, meta={"step": s})
     return run
@@ -277,7 +279,12 @@ def test_base_model_readme_and_gitattributes_never_land_in_a_checkpoint(run, tmp
     card = ModelCard.load(ckpt / "README.md")
     assert "The base model's own card" not in card.text and card.data.license is None
     assert "# capgrpo-S2-step004" in card.text
-    assert {p.name for p in ckpt.iterdir()} == {"README.md", "config.json", "model.safetensors"}
+    assert {p.name for p in ckpt.iterdir()} == {
+        "README.md",
+        "config.json",
+        "model.safetensors",
+        "manifest.json",
+    }
 
 
 def test_cli_regenerates_chosen_cards_and_rejects_bad_input(run, capsys):

@@ -24,6 +24,7 @@ from data.snapshot import snapshot_sha256, write_snapshot  # noqa: E402
 from embedded.build import qwen35_config  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rundir.files import ROW_FIELDS, eval_path, summarize, write_eval  # noqa: E402
+from rundir.step import write_manifest  # noqa: E402
 from trainer.evaluation import (  # noqa: E402
     EvalCallback,
     EvalSpec,
@@ -316,6 +317,7 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
     run_dir = tmp_path / "run"
     model.save_pretrained(run_dir / "step005")  # ... and the checkpoint it saved
     tok.save_pretrained(run_dir / "step005")
+    write_manifest(run_dir / "step005")  # as save_weights does: the command verifies it first
     snapshot = tmp_path / "tiny.tasks.json"
     write_snapshot(TASKS, snapshot)
     run = {
@@ -340,6 +342,10 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
     assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # refuses to overwrite
     assert main([str(run_dir), "--steps", "5", "--temperature", "0.5"]) == 1  # only at another cap
     assert main([str(run_dir), "--steps", "5", "--backend", "vllm"]) == 1  # another backend: another cap
+    weights = run_dir / "step005" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: 2**10])  # issue 30, case 2: never evaluated
+    assert main([str(run_dir), "--steps", "5", "--cap", "16", "--backend", "eager"]) == 1
+    assert not eval_path(run_dir, 5, 16).exists()
     run["snapshot"]["sha256"] = "0" * 64
     (run_dir / "run.json").write_text(json.dumps(run))
     assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # snapshot verified

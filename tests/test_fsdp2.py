@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rundir.state import StateError, save_state
 from trainer.checkpoint import load_resume_state
 from trainer.config import CapGRPOConfig
-from trainer.state_shard import StateError, save_state
 
 PROBE = Path(__file__).with_name("fsdp2_probe.py")
 

@@ -11,7 +11,7 @@ from test_cards import make_run
 
 from cards.card import write_cards
 from cards.push import main, plan_push, push
-from trainer.state_shard import StateError
+from rundir.state import StateError
 
 TOKEN = "hf_capgrpoTESTtokenNEVERprinted0123456789"
 REPO = "org/capgrpo-s2"
@@ -38,7 +38,9 @@ def expected_paths(run, steps, states):
     paths = {"README.md", "run.json"}
     paths |= {p.relative_to(run).as_posix() for p in (run / "results").iterdir()}
     for s in steps:
-        paths |= {f"step{s:03d}/{f}" for f in ("README.md", "config.json", "model.safetensors")}
+        paths |= {
+            f"step{s:03d}/{f}" for f in ("README.md", "config.json", "model.safetensors", "manifest.json")
+        }
     for s in states:  # what the state's own descriptor lists, plus the descriptor and its seal
         desc = json.loads((run / f"state{s:03d}" / "descriptor.json").read_text())
         files = [f["file"] for f in desc["shards"] + desc["files"]] + ["descriptor.json", "descriptor.sha256"]
@@ -127,6 +129,16 @@ def test_a_broken_state_is_never_planned(run, api):
         push(run, REPO, steps=[6], states=True, api=api)
     assert not api.method_calls
     push(run, REPO, steps=[5], states=True, api=api)  # the other state is fine
+
+
+def test_a_broken_checkpoint_is_never_planned(run, api, capsys):
+    """Issue 30, case 2: `make push DRY_RUN=1` planned a truncated step003/model.safetensors."""
+    weights = run / "step006" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-3])
+    with pytest.raises(StateError, match=r"step006/model\.safetensors: size .*truncated.*--steps 2,4,5"):
+        push(run, REPO, dry_run=True)
+    assert "step006" not in capsys.readouterr().out  # no plan printed
+    push(run, REPO, steps=[2, 4, 5], api=api)
 
 
 def test_cli_refusal_is_one_line(run, capsys):

@@ -6,7 +6,7 @@ import pytest
 
 from rewards.grader import GraderPool
 from rewards.outcome import GRADER_VERSIONS
-from rewards.regrade import format_summary, main, regrade
+from rundir.regrade import format_summary, main, regrade
 
 
 def _row(step, set_name, task, sample, outcome, completion, reference):

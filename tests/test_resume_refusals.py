@@ -3,9 +3,13 @@ line with exit status 1, comes before the model is loaded, and leaves every byte
 was. The run directory is made by hand in the real format (save_state, run.json from the parsed config), so
 no training is needed; loading the model is replaced by a sentinel that proves the refusals came first."""
 
+import errno
 import hashlib
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +17,12 @@ import torch
 from trl import ModelConfig, TrlParser
 
 from data.snapshot import write_snapshot
+from rundir.run_json import record_resume, versions
+from rundir.state import capture_rng_state, save_state
+from rundir.step import write_manifest
 from trainer import train
 from trainer.checkpoint import is_verified, prune_states
 from trainer.config import CapGRPOConfig
-from trainer.run_dir import record_resume, versions
-from trainer.state_shard import capture_rng_state, save_state
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = "affine-unresolved-zero-reward-active-v1"  # S2's
@@ -73,14 +78,23 @@ def make_run(inputs: dict, states=(2, 3)) -> Path:
     rows = [{"step": s, "arm": "S2", "loss": 0.1 * s} for s in (1, 2, 3)]
     (run / "results" / "steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     for s in (1, 2, 3):
-        (run / f"step{s:03d}").mkdir()
-        (run / f"step{s:03d}" / "config.json").write_text("{}")
+        make_step(run, s)
     for s in states:
         meta = {"step": s, "arm": "S2", "policy_id": POLICY, "rng": [capture_rng_state()],
                 "task_sampler": {"seed": 0, "epoch": 0, "position": 8 * s}}  # fmt: skip
         save_state(run / f"state{s:03d}", tensors={"master/w": torch.full((300,), float(s))}, meta=meta,
                    extra_json={"trainer_state.json": {"global_step": s}}, shard_bytes=512)  # fmt: skip
     return run
+
+
+def make_step(run: Path, step: int) -> Path:
+    """A stepNNN/ as save_weights leaves it: config, weights, manifest."""
+    d = run / f"step{step:03d}"
+    d.mkdir(parents=True)
+    (d / "config.json").write_text("{}")
+    (d / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    write_manifest(d)
+    return d
 
 
 def refused(inputs: dict, capsys, *extra: str) -> str:
@@ -260,6 +274,8 @@ def test_pruning_never_keeps_a_broken_state_over_a_verified_one(tmp_path):
     for s in (1, 2, 3, 4, 6):
         save_state(tmp_path / f"state{s:03d}", tensors={"w": torch.full((300,), float(s))}, meta={"step": s},
                    shard_bytes=512)  # fmt: skip
+    for s in range(1, 8):
+        make_step(tmp_path, s)
     truncate(tmp_path / "state003" / "shard-00000-of-00003.safetensors")  # the issue's case
     flip(tmp_path / "state004" / "shard-00001-of-00003.safetensors")  # only its hash tells
     (tmp_path / "state006" / "descriptor.sha256").unlink()  # newest, never sealed: left for resume to name
@@ -270,7 +286,123 @@ def test_pruning_never_keeps_a_broken_state_over_a_verified_one(tmp_path):
     save_state(tmp_path / "state005", tensors={"w": torch.ones(3)}, meta={"step": 5})  # the run goes on
     removed = prune_states(tmp_path, keep=2)
     assert sorted(p.name for p in removed) == ["state001", "state003", "state004"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state002", "state005", "state006"]
+    assert sorted(p.name for p in tmp_path.glob("state*")) == ["state002", "state005", "state006"]
     save_state(tmp_path / "state007", tensors={"w": torch.ones(3)}, meta={"step": 7})
     prune_states(tmp_path, keep=2)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["state005", "state007"]
+    assert sorted(p.name for p in tmp_path.glob("state*")) == ["state005", "state007"]
+    assert len(list(tmp_path.glob("step*"))) == 7  # weights are never pruned
+
+
+def test_pruning_counts_a_state_with_broken_weights_as_broken(tmp_path):
+    """Issue 30, case 2: a truncated step003/model.safetensors made pruning delete state002 and keep state003."""
+    for s in (2, 3):
+        save_state(tmp_path / f"state{s:03d}", tensors={"w": torch.full((3,), float(s))}, meta={"step": s})
+        make_step(tmp_path, s)
+    truncate(tmp_path / "step003" / "model.safetensors")
+    assert prune_states(tmp_path, keep=1) == []  # state003 is not resumable: left for resume to name
+    assert sorted(p.name for p in tmp_path.glob("state*")) == ["state002", "state003"]
+
+
+# --- issue 30: one writer per run directory, verified weights, torn rows, Ctrl-C, a full disk ---------
+HOLD_LOCK = """
+import sys, time
+from rundir.lock import RunLock
+RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def hold_lock(run: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(run)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_process_is_refused_by_the_holders_pid_and_a_dead_holders_lock_taken_over(
+    inputs, capsys, caplog
+):
+    """Case 1, with two real processes: a live holder refuses a resume (and a fresh run) by its pid; once it
+    is SIGKILLed its lock file stays, and the next resume takes it over, names it, and removes it at the end."""
+    run = make_run(inputs)
+    before = tree_digest(run)
+    holder = hold_lock(run)
+    try:
+        line = refused(inputs, capsys, "--resume", str(run))
+        assert f"{run} is in use by another process (pid {holder.pid}, holding {run / '.lock'})" in line
+        assert f"pid {holder.pid}" in refused(inputs, capsys)  # a fresh run into it: the same
+    finally:
+        holder.kill()
+        holder.wait()
+    assert (run / ".lock").read_text().strip() == str(holder.pid)  # what a SIGKILL leaves
+    with caplog.at_level(logging.WARNING):
+        accepted(inputs, "--resume", str(run))
+    assert f"taking over the lock left by pid {holder.pid}" in caplog.text
+    assert tree_digest(run) == before  # the lock file went with its last holder
+
+
+def test_two_fresh_runs_into_one_empty_directory_one_is_refused(inputs, capsys):
+    """Case 1: the window between the empty-directory check and run.json's write is under the lock."""
+    holder = hold_lock(inputs["run"])
+    try:
+        assert f"pid {holder.pid}" in refused(inputs, capsys)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_broken_weights_beside_the_newest_state_are_named_with_the_way_on(inputs, capsys):
+    """Case 2: a truncated step003/model.safetensors resumed with exit 0 and no warning."""
+    run = make_run(inputs)
+    truncate(run / "step003" / "model.safetensors")
+    before = tree_digest(run)
+    line = refused(inputs, capsys, "--resume", str(run))
+    assert f"{run / 'step003' / 'model.safetensors'}: size" in line and "(truncated)" in line
+    assert "the newest complete state is state002/" in line and "--resume-fallback" in line
+    accepted(inputs, "--resume", str(run), "--resume-fallback")
+    assert tree_digest(run) == before
+
+
+def test_a_torn_last_row_is_resumed_past_and_a_torn_middle_row_refused(inputs, capsys):
+    """Case 3: what a crash during an append leaves (the row of step 4, past the newest state) is redone;
+    an unparseable row before the last one is damage, refused by line."""
+    run = make_run(inputs)
+    steps = run / "results" / "steps.jsonl"
+    good = steps.read_text()
+    steps.write_text(good + '{"step": 4, "arm": "S2", "lo')
+    accepted(inputs, "--resume", str(run))
+    steps.write_text(good.replace('"step": 2,', '"step": 2'))  # row 2 damaged
+    line = refused(inputs, capsys, "--resume", str(run))
+    assert f"{steps}:2: not valid JSON" in line
+
+
+def test_ctrl_c_prints_one_line_with_the_step_and_the_resume(inputs, capsys, monkeypatch):
+    """Case 8: a KeyboardInterrupt (here while the model loads) ends in one line, status 130."""
+    run = make_run(inputs)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train, "load_base_model", interrupted)
+    with pytest.raises(SystemExit) as exit:
+        train.main(argv(inputs, "--resume", str(run)))
+    assert exit.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"interrupted at step 3; resume with --resume {run} (it continues from state003/)"
+    assert "Traceback" not in "\n".join(err)
+
+
+def test_a_full_disk_outside_the_savers_is_one_line_naming_the_file(inputs, capsys, monkeypatch):
+    """Case 4: ENOSPC from any writer of a run (here one raised while the model loads)."""
+    make_run(inputs)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(inputs["run"] / "runs" / "events.out"))
+
+    monkeypatch.setattr(train, "load_base_model", full)
+    line = refused(inputs, capsys, "--resume", str(inputs["run"]))
+    assert (
+        line
+        == f"error: {inputs['run'] / 'runs' / 'events.out'}: not written, the disk is full (free some space, then resume)"
+    )

@@ -1,10 +1,17 @@
 """rundir.files: the one reader of a run directory (names, rows, accuracy per set and step)."""
 
+import ast
+import errno
 import json
+import os
+from pathlib import Path
 
 import pytest
 
-from rundir.files import Run, RunFileError, SetScore, eval_path, summarize, write_eval
+from data.atomic import DiskFullError, write_atomic
+from rundir.files import Run, RunFileError, SetScore, eval_path, read_jsonl, summarize, write_eval
+from rundir.lock import LOCK_FILE, RunLock, RunLockedError
+from rundir.resume import rewind
 
 
 def _rows(step: int, cap: int, outcomes: list[str], name: str = "heldout300") -> list[dict]:
@@ -58,3 +65,92 @@ def test_rows_that_disagree_with_their_file_name_are_refused(run_dir):
     (run_dir / "results" / "eval_step0002.jsonl").write_text("")
     with pytest.raises(RunFileError, match="two eval files for step 2 at cap 64"):
         Run(run_dir)
+
+
+# --- issue 30: torn rows, a resume's rewind, atomic writes under a full disk, the lock ------------------
+def test_a_torn_last_row_is_named_with_the_way_on_and_a_torn_middle_row_by_line(run_dir):
+    """Case 3: a reader (cards, compare) names a torn last row as what an interrupted append leaves."""
+    steps = run_dir / "results" / "steps.jsonl"
+    steps.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "lo')
+    with pytest.raises(RunFileError, match=r"steps.jsonl:3: torn last row .*--resume to redo its step"):
+        assert Run(run_dir).steps
+    assert [r["step"] for r in read_jsonl(steps, torn_tail="drop")] == [1, 2]
+    steps.write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
+    with pytest.raises(RunFileError, match=r"steps.jsonl:2: not valid JSON"):
+        read_jsonl(steps, torn_tail="drop")
+    path = eval_path(run_dir, 2)
+    path.write_text(path.read_text()[:-20])  # the same for eval rows
+    with pytest.raises(RunFileError, match=r"eval_step002.jsonl:2: torn last row"):
+        Run(run_dir).rows(2)
+
+
+def test_a_resume_drops_the_rows_past_its_state_and_moves_their_eval_files_aside(run_dir):
+    """Cases 3 and 7: the torn row goes with the rows past the state; eval_step004.jsonl (and its other-cap
+    file) of a step that is redone leave results/ for results/superseded/, where no reader lists them."""
+    steps = run_dir / "results" / "steps.jsonl"
+    steps.write_text(
+        "".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in (1, 2, 3)) + '{"step": 4, "l'
+    )
+    moved = rewind(run_dir, after=2)
+    assert steps.read_text() == '{"step": 1, "loss": 0.5}\n{"step": 2, "loss": 0.5}\n'
+    assert sorted(p.name for p in moved) == ["eval_step004.jsonl", "eval_step004_cap0128.jsonl"]
+    assert Run(run_dir).evaluated() == [0, 2] and all(p.parent.name == "superseded" for p in moved)
+    write_eval(
+        run_dir, 4, _rows(4, 64, ["wrong", "wrong"])
+    )  # the redone step's evaluation, then another resume
+    assert [p.name for p in rewind(run_dir, after=2)] == ["eval_step004.1.jsonl"]  # nothing moved is replaced
+
+
+def test_an_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """Case 4: the card writer truncated README.md to 0 bytes and raised [Errno 28] with no path."""
+    readme = write_atomic(tmp_path / "README.md", b"the old card")
+    real_fdopen = os.fdopen
+
+    def full(fd, mode):
+        f = real_fdopen(fd, mode)
+        f.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+        return f
+
+    monkeypatch.setattr(os, "fdopen", full)
+    with pytest.raises(DiskFullError) as e:
+        write_atomic(readme, b"a new card of 23 bytes.")
+    assert str(e.value).startswith(f"{readme}: not saved, the disk is full: it needs 23 bytes and ")
+    assert readme.read_bytes() == b"the old card" and sorted(p.name for p in tmp_path.iterdir()) == [
+        "README.md"
+    ]
+
+
+def test_the_lock_leaves_nothing_behind_and_refuses_a_second_holder(tmp_path):
+    run = tmp_path / "runs" / "S2"
+    with RunLock(run):
+        assert (run / LOCK_FILE).read_text().strip() == str(os.getpid())
+        with pytest.raises(RunLockedError, match=rf"pid {os.getpid()}"):
+            RunLock(run).acquire()  # another open file description: flock refuses it too
+    assert not run.exists()  # the lock made the directory, and it stayed empty
+
+
+def _imported_packages(package: str) -> dict[str, set[str]]:
+    """module file -> the top-level packages of ours it imports."""
+    root = Path(__file__).resolve().parent.parent
+    ours = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [
+            n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level
+        ]
+        found[path.relative_to(root).as_posix()] = {m.split(".")[0] for m in names} & ours - {package}
+    return found
+
+
+def test_the_arrows_run_one_way():
+    """Issue 31, item 1: cards/push.py imported trainer.state_shard, and rewards/regrade.py imported rundir
+    while rundir imported rewards. rundir reads data and rewards only; rewards and data never read rundir."""
+    for module, packages in _imported_packages("rundir").items():
+        assert packages <= {"data", "rewards"}, module
+    for package in ("rewards", "data"):
+        for module, packages in _imported_packages(package).items():
+            assert "rundir" not in packages and "trainer" not in packages, module
+    for module, packages in _imported_packages("cards").items():
+        assert "trainer" not in packages, module

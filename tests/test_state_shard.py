@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import state_shard
-from trainer.state_shard import (
-    DiskFullError,
+from data.atomic import DiskFullError
+from rundir import state as state_shard
+from rundir.state import (
     StateError,
     capture_rng_state,
     latest_state,
@@ -220,12 +220,12 @@ KILLED_SAVE = """
 import os, sys, time
 from pathlib import Path
 import torch
-from trainer import state_shard
+from rundir import state as state_shard
 
 run, target = Path(sys.argv[1]), sys.argv[2]
 write_shard = state_shard._write_shard
-def paused_write_shard(path, tensors):  # pause for good once a shard is written
-    result = write_shard(path, tensors)
+def paused_write_shard(path, tensors, head):  # pause for good once a shard is written
+    result = write_shard(path, tensors, head)
     print("paused", flush=True)
     time.sleep(600)
     return result
@@ -293,10 +293,11 @@ def test_disk_full_up_front_names_path_and_bytes_and_writes_nothing(tmp_path, mo
     saved(tmp_path, "state001")
     before = tree_bytes(tmp_path)
     monkeypatch.setattr(
-        "trainer.state_shard.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 100, 100)
+        "rundir.state.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 100, 100)
     )
     with pytest.raises(
-        DiskFullError, match=r"state002: not saved, disk full: needs [\d,]+ bytes, 100 free in "
+        DiskFullError,
+        match=r"state002: not saved, the disk is full: it needs [\d,]+ bytes and 100 are free in ",
     ):
         saved(tmp_path, "state002")
     assert tree_bytes(tmp_path) == before
@@ -307,18 +308,35 @@ def test_disk_full_mid_save_removes_the_partial_state(tmp_path, monkeypatch):
     before = tree_bytes(tmp_path)
     write_shard, calls = state_shard._write_shard, []
 
-    def filling(path, tensors):  # the third shard hits a full disk halfway
+    def filling(path, tensors, head):  # the third shard hits a full disk halfway
         calls.append(path)
         if len(calls) == 3:
             path.write_bytes(b"\0" * 100)
             raise OSError(errno.ENOSPC, "No space left on device")
-        return write_shard(path, tensors)
+        return write_shard(path, tensors, head)
 
     monkeypatch.setattr(state_shard, "_write_shard", filling)
-    with pytest.raises(DiskFullError, match=r"state002: not saved, disk full: needs [\d,]+ bytes") as e:
+    with pytest.raises(
+        DiskFullError, match=r"state002: not saved, the disk is full: it needs [\d,]+ bytes"
+    ) as e:
         saved(tmp_path, "state002")
     assert e.value.errno == errno.ENOSPC
     assert tree_bytes(tmp_path) == before  # no .state002.tmp-* keeping the disk full, state001 untouched
+
+
+def test_disk_full_counts_every_byte_of_the_state_and_reads_as_a_sentence(tmp_path, monkeypatch):
+    """Issue 30, case 5: the bytes needed are what the state takes on disk (safetensors headers, JSON files,
+    descriptor.json and seal included), and the message does not start with "[Errno 28]"."""
+    saved(tmp_path, "state001")
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "state001").iterdir())
+    monkeypatch.setattr(
+        "rundir.state.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**6, 10**6 - 100, 100)
+    )
+    with pytest.raises(DiskFullError) as e:
+        saved(tmp_path, "state001")  # the same state again: the same bytes
+    assert str(e.value).startswith(
+        f"{tmp_path / 'state001'}: not saved, the disk is full: it needs {on_disk:,} bytes"
+    )
 
 
 def test_atomic_writes_name_their_temp_file_for_the_cleanup(tmp_path, monkeypatch):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from trainer.state_shard import load_state
+from rundir.state import load_state
+from rundir.step import verify_step
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parent.parent
@@ -103,8 +104,11 @@ def test_run_directory_is_complete(uninterrupted):
         assert {str(t.dtype) for t in weights.values()} == {"torch.bfloat16"}
         assert any("visual" in k for k in weights)  # the vision tower rides along
         assert "capgrpo" in (ckpt / "README.md").read_text()
+        verify_step(ckpt)  # hashed at save (issue 30, case 2) ...
+        assert {p.stat().st_mode & 0o777 for p in ckpt.iterdir()} == {0o644}  # ... and shared (case 6)
     assert sorted(p.name for p in run_dir.glob("state*")) == ["state002", "state003"]  # keep_states=2
     assert (run_dir / "README.md").is_file()
+    assert not (run_dir / ".lock").exists()  # the run's lock goes with the run
 
 
 def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embedded_snapshot, tmp_path):

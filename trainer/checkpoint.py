@@ -6,7 +6,6 @@ Resume goes through the Trainer's own resume path with three overrides in `CapGR
 """
 
 import dataclasses
-import errno
 import os
 import shutil
 import time
@@ -20,24 +19,25 @@ from transformers.utils import logging
 
 from cards.cleanup import scrub_checkpoint_dir
 from cards.run_card import write_run_card
+from data.atomic import FILE_MODE, disk_full, is_disk_full
 from data.eval_sets import HELDOUT
-from rundir.files import Run, read_jsonl, state_dir, step_dir
-from trainer import sharding
-from trainer.cpu_adamw import CPUAdamW
-from trainer.run_dir import update_run_json
-from trainer.state_shard import (
+from rundir.files import Run, read_jsonl, state_dir, state_name, step_dir, steps_path
+from rundir.run_json import update_run_json
+from rundir.state import (
     SEAL,
     StateError,
     capture_rng_state,
     check_free_space,
     check_state,
-    disk_full,
     install_dir,
     load_state,
     save_state,
     state_dirs,
     verify_state,
 )
+from rundir.step import mark_verified, step_verified, verify_step, write_manifest
+from trainer import sharding
+from trainer.cpu_adamw import CPUAdamW
 
 logger = logging.get_logger(__name__)
 
@@ -117,17 +117,28 @@ def load_masters_into_model(model, tensors: dict[str, torch.Tensor]) -> None:
 PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json", "processor_config.json")
 
 
+def _weights_bytes(bf16: dict[str, torch.Tensor], base: str) -> int:
+    """What a save writes, estimated from above before writing: the tensors, 256 bytes per tensor for its
+    safetensors header entry (name, dtype, shape, offsets: ~150), and for config, tokenizer and manifest the
+    size of the base's own non-weight files plus 64 KiB."""
+    files = [p for p in Path(base).glob("*") if p.is_file() and p.suffix != ".safetensors"] if base else []
+    return (
+        sum(v.nbytes for v in bf16.values()) + 256 * len(bf16) + sum(p.stat().st_size for p in files) + 2**16
+    )
+
+
 def save_weights(trainer, target: Path) -> None:
     """bf16 safetensors + config (the base's own architecture) + tokenizer + generation config + card.
 
-    Written to `.stepNNN.tmp-<pid>/` and installed like a state (`install_dir`): an existing stepNNN/ is
-    replaced only once the new one is complete; a failed save removes its temp dir."""
+    Written to `.stepNNN.tmp-<pid>/`, hashed into its manifest.json (rundir/step.py), and installed like a
+    state (`install_dir`): an existing stepNNN/ is replaced only once the new one is complete; a failed save
+    removes its temp dir."""
     model = trainer.accelerator.unwrap_model(trainer.model)
     state = trainer.accelerator.get_state_dict(trainer.model)  # gathers sharded (FSDP/ZeRO-3) weights
     if not trainer.accelerator.is_main_process:
         return
     bf16 = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in state.items()}
-    needed = sum(v.nbytes for v in bf16.values())
+    needed = _weights_bytes(bf16, model.name_or_path)
     target.parent.mkdir(parents=True, exist_ok=True)
     check_free_space(target, needed)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -139,14 +150,19 @@ def save_weights(trainer, target: Path) -> None:
         for name in PROCESSOR_FILES:  # the base's; vLLM builds Qwen3.5's image processor even for text
             if (src := Path(model.name_or_path) / name).is_file():
                 shutil.copy(src, tmp / name)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                f.chmod(FILE_MODE)  # safetensors' writer leaves model.safetensors private (0600)
+        write_manifest(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        if is_disk_full(e):
             raise disk_full(target, needed) from None
         raise
     finally:
         model.config.dtype = dtype
     install_dir(tmp, target)
+    mark_verified(target)  # hashed on the way by this process
 
 
 def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
@@ -163,7 +179,7 @@ def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
     arm = trainer.arm
     meta = {
         "step": step,
-        "checkpoint_id": f"{Path(run_dir).name}/state{step:03d}",
+        "checkpoint_id": f"{Path(run_dir).name}/{state_name(step)}",
         "arm": arm.name,
         "policy_id": arm.policy_id,
         "num_processes": acc.num_processes,
@@ -191,7 +207,8 @@ def _seal(state: Path) -> tuple[str, str]:
 
 
 def is_verified(state: Path) -> bool:
-    """Structure and sizes checked every time; the shards' sha256 once per process (then cached by seal)."""
+    """The state and the stepNNN/ beside it (what a resume from it needs): structure and sizes checked every
+    time, the sha256 of each once per process (then cached by seal or manifest)."""
     try:
         check_state(state)
         if _seal(state) not in _verified:
@@ -199,13 +216,14 @@ def is_verified(state: Path) -> bool:
             _verified.add(_seal(state))
     except (StateError, OSError):
         return False
-    return True
+    return step_verified(step_dir(state.parent, _number(state)))
 
 
 def prune_states(run_dir: Path, keep: int) -> list[Path]:
     """Keep the newest `keep` verified states (0: all); delete the states older than those, and broken ones
-    older than the newest verified (named in a warning). A broken state is never kept in place of a good
-    one; broken states newer than every verified one are left for resume to name."""
+    older than the newest verified (named in a warning). A state whose stepNNN/ does not verify counts as
+    broken. A broken state is never kept in place of a good one; broken states newer than every verified
+    one are left for resume to name. stepNNN/ weights are never deleted."""
     if keep <= 0:
         return []
     kept: list[Path] = []
@@ -262,8 +280,9 @@ def _usable(run_dir: Path, state: Path, steps_logged: set[int]) -> tuple[dict[st
     """Load `state` if it is complete and consistent with the run; StateError naming what is wrong."""
     step = _number(state)
     weights = step_dir(run_dir, step)
-    if not any((weights / f).is_file() for f in ("config.json", "adapter_config.json")):
+    if not weights.is_dir():
         raise StateError(f"{weights}: missing (resume needs the stepNNN/ beside {state.name}/)")
+    verify_step(weights)
     tensors, meta = load_state(state)  # every byte verified before anything is loaded
     if meta.get("step") != step:
         raise StateError(f"{state / 'meta.json'}: step {meta.get('step')!r}, the directory says {step}")
@@ -286,8 +305,8 @@ def load_resume_state(run_dir: Path, args) -> Resume:
             "%s: no stateNNN/ yet (stopped before its first state): starting over from step 0", run_dir
         )
         return Resume(None, {}, {"step": 0}, [])
-    steps_path = run_dir / "results" / "steps.jsonl"
-    steps_logged = {r.get("step") for r in read_jsonl(steps_path)} if steps_path.is_file() else set()
+    path = steps_path(run_dir)  # a torn last row is a step past every state: dropped, redone
+    steps_logged = {r.get("step") for r in read_jsonl(path, torn_tail="drop")} if path.is_file() else set()
     broken, chosen = [], None
     for state in reversed(states):
         try:
@@ -298,7 +317,8 @@ def load_resume_state(run_dir: Path, args) -> Resume:
         chosen = state
         break
     way_on = (
-        "add --resume-fallback to resume from it (the broken state is replaced when its step is saved again)"
+        "add --resume-fallback to resume from it (the broken state or checkpoint is replaced when its step is "
+        "saved again)"
     )
     if chosen is None and not args.resume_fallback:
         raise StateError(

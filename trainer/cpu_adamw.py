@@ -18,7 +18,7 @@ a small ring of page-locked host buffers (`ring_slots` x chunk_elems, a few MB i
 Parameters must be given with names, using torch's own named-parameter support: `params` is an
 iterable of `(name, tensor)` pairs or a list of param-group dicts whose "params" are such pairs
 (torch then stores `group["param_names"]`). The names key `export_state()` / `import_state()`, the
-exact-resume format saved by `trainer.state_shard`.
+exact-resume format saved by `rundir.state`.
 
 State is created lazily, for every parameter at once, at the first `step()` or `import_state()`,
 masters copied from the current parameter values; a parameter keeps `step == 0` (and is left

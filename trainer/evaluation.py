@@ -36,7 +36,10 @@ from data.prompt import SYSTEM_PROMPT, render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
-from rundir.files import summarize, write_eval  # noqa: E402  (the eval files' format lives there)
+from rundir.files import step_dir, summarize, write_eval  # noqa: E402  (the run's files live there)
+from rundir.run_json import RunDirError, read_run_json  # noqa: E402
+from rundir.state import StateError  # noqa: E402
+from rundir.step import verify_step  # noqa: E402
 from trainer import sharding  # noqa: E402
 from trainer.generation import (  # noqa: E402
     BACKENDS,
@@ -428,7 +431,8 @@ def _checkpoint_dir(run: Mapping, run_dir: Path, step: int) -> Path:
         if not run.get("base_model"):
             raise ValueError(f"{run_dir / 'run.json'}: step 0 needs 'base_model'")
         return Path(run["base_model"])
-    return run_dir / f"step{step:03d}"
+    verify_step(step_dir(run_dir, step), way_on="evaluate the run's other checkpoints")  # never a broken one
+    return step_dir(run_dir, step)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     run_file = args.run_dir / "run.json"
     try:
-        run = json.loads(run_file.read_text())
+        run = read_run_json(args.run_dir)
         run_spec = EvalSpec.from_run(run, str(run_file))
         overrides = {
             "cap": args.cap,
@@ -499,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             summary = ", ".join(f"{s} {v['accuracy']} (n={v['n']})" for s, v in summarize(rows).items())
             print(f"step {step}: {summary} -> {out} [{time.perf_counter() - start:.1f}s]", flush=True)
             del model, llm
-    except (OSError, ValueError, KeyError) as err:
+    except (OSError, ValueError, KeyError, StateError, RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0

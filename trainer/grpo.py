@@ -31,12 +31,12 @@ from cards.run_card import write_run_card
 from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
+from rundir.state import load_state, restore_rng_state
 from trainer import generation
 from trainer.checkpoint import import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
-from trainer.state_shard import load_state, restore_rng_state
 
 
 def step_tickets(args: CapGRPOConfig) -> Dataset:

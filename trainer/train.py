@@ -8,6 +8,7 @@ disk) print one `error: ...` line and exit with status 1, before anything is wri
 CAPGRPO_DEBUG=1 shows the traceback instead.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -20,29 +21,32 @@ from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging
 from trl import ModelConfig, TrlParser, get_peft_config
 
+from data.atomic import DiskFullError, is_disk_full
 from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
 from rewards.grader import GraderPool
+from rundir.files import RunFileError
+from rundir.lock import RunLock, RunLockedError
+from rundir.resume import interrupted, rewind
+from rundir.run_json import (
+    RunDirError,
+    read_run_json,
+    record_resume,
+    refuse_non_empty,
+    update_run_json,
+    versions,
+    write_run_json,
+)
+from rundir.state import StateError, remove_interrupted_saves
 from trainer.checkpoint import CheckpointCallback, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.generation import compiled_generation
 from trainer.grpo import CapGRPOTrainer
-from trainer.run_dir import (
-    RunDirError,
-    StepsLog,
-    read_run_json,
-    record_resume,
-    refuse_non_empty,
-    truncate_steps,
-    update_run_json,
-    versions,
-    write_run_json,
-)
-from trainer.state_shard import DiskFullError, StateError, remove_interrupted_saves
+from trainer.steps_log import StepsLog
 
-REFUSALS = (ConfigError, RunDirError, StateError, DiskFullError, SnapshotError)
+REFUSALS = (ConfigError, RunDirError, RunLockedError, RunFileError, StateError, DiskFullError, SnapshotError)
 logger = logging.get_logger(__name__)
 
 
@@ -225,15 +229,24 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         if resume.state is not None:
             trainer.resume_state, trainer._resume = resume.state, (resume.tensors, resume.meta)
         if main_process:
-            truncate_steps(run_dir, after=resume.meta["step"])
+            rewind(run_dir, after=resume.meta["step"])
     return trainer
+
+
+class Interrupted(Exception):
+    """Ctrl-C: the message is the step reached and the resume command."""
 
 
 def train(argv: list[str] | None) -> None:
     parser = TrlParser((CapGRPOConfig, ModelConfig))
     args, model_args = parser.parse_args_and_config(argv)
-    trainer = build_trainer(args, model_args)
-    trainer.train(resume_from_checkpoint=str(trainer.resume_state) if trainer.resume_state else None)
+    lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
+    try:
+        with lock:  # one writer per run directory, from before its first byte to the end
+            trainer = build_trainer(args, model_args)
+            trainer.train(resume_from_checkpoint=str(trainer.resume_state) if trainer.resume_state else None)
+    except KeyboardInterrupt:
+        raise Interrupted(interrupted(args.output_dir)) from None
     trainer.accelerator.wait_for_everyone()  # processes leave together: an early exit can abort the others'
     trainer.accelerator.end_training()  # gloo/NCCL teardown (destroys the process group)
 
@@ -252,9 +265,16 @@ def main(argv: list[str] | None = None) -> None:
     debug = _pop_debug(argv) or os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0")
     try:
         train(argv)
-    except REFUSALS as e:
-        if debug:
+    except Interrupted as e:
+        print(e, file=sys.stderr)
+        sys.exit(130)
+    except (*REFUSALS, OSError) as e:
+        if debug or (isinstance(e, OSError) and not isinstance(e, REFUSALS) and not is_disk_full(e)):
             raise
+        if is_disk_full(e) and not isinstance(
+            e, DiskFullError
+        ):  # a write outside our savers: the path it had
+            e = f"{e.filename or 'a file of the run'}: not written, the disk is full (free some space, then resume)"
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
 

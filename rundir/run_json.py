@@ -1,4 +1,5 @@
-"""The run directory's own files (docs/CONTRACTS.md): `run.json` and `results/steps.jsonl`."""
+"""`run.json` (docs/CONTRACTS.md): written once at a run's start, then only added to (resumes, launch,
+best_step); and the empty-directory check of a fresh run."""
 
 import json
 import os
@@ -7,10 +8,9 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
-from transformers import TrainerCallback
-
 from data.atomic import write_atomic
 from rewards.outcome import grader_version
+from rundir.lock import LOCK_FILE
 
 VERSIONED = ("torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "capgrpo")
 
@@ -84,7 +84,8 @@ def refuse_non_empty(run_dir: Path) -> None:
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise RunDirError(f"output_dir {run_dir}: exists and is not a directory")
-    held = sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()) if run_dir.is_dir() else []
+    entries = [p for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []  # ours
+    held = sorted(p.name + ("/" if p.is_dir() else "") for p in entries)
     if held:
         shown = ", ".join(held[:5]) + (f", ... ({len(held)} entries)" if len(held) > 5 else "")
         raise RunDirError(
@@ -112,63 +113,3 @@ def record_resume(run_dir: Path, event: dict) -> None:
 def update_run_json(run_dir: Path, **fields) -> None:
     path = run_dir / "run.json"
     write_json_atomic(path, {**json.loads(path.read_text()), **fields})
-
-
-def truncate_steps(run_dir: Path, *, after: int) -> None:
-    """On resume from state `after`, drop rows of steps the interrupted run did past its last state."""
-    path = Path(run_dir) / "results" / "steps.jsonl"
-    if path.exists():
-        rows = [line for line in path.read_text().splitlines() if line.strip()]
-        kept = [r for r in rows if json.loads(r)["step"] <= after]
-        write_atomic(path, "".join(r + "\n" for r in kept).encode())
-
-
-class StepsLog(TrainerCallback):
-    """Appends one row per optimizer step to results/steps.jsonl as the step's log is emitted.
-
-    The row is the trainer's `step_record` (selection, outcomes, timings), its log-prob statistics and TRL's
-    loss/learning rate/grad norm, plus what the other two callbacks report: the evaluation of this step
-    (`eval_callback.last_*`) and the save that followed the previous step (`checkpoint_callback.last_seconds`).
-    Rows are flushed and fsynced one by one, so a crash loses at most the step in flight.
-    """
-
-    def __init__(self, trainer, run_dir: Path, eval_callback=None, checkpoint_callback=None):
-        self.trainer = trainer
-        self.path = Path(run_dir) / "results" / "steps.jsonl"
-        self.eval_callback = eval_callback
-        self.checkpoint_callback = checkpoint_callback
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.record_train_seconds()  # before evaluation (the next callback) starts
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "loss" not in logs:
-            return  # the end-of-training summary, not a step
-        trainer, arm = self.trainer, self.trainer.arm
-        row = {
-            "step": state.global_step,
-            "arm": arm.name,
-            "policy_id": arm.policy_id,
-            "gate": arm.policy.gate,
-            "loss": logs["loss"],
-            "learning_rate": logs.get("learning_rate"),
-            "grad_norm": logs.get("grad_norm"),
-            **trainer.step_record,
-            **trainer.pop_logprob_stats(),
-            "entropy_mean": logs.get("entropy"),
-        }
-        ev = self.eval_callback
-        if ev is not None and ev.last_step == state.global_step:
-            row["eval"] = ev.last_summary
-            row["seconds"]["eval"] = ev.last_seconds
-        # Saving runs after this row is written (a state never exists without its row), so a row reports
-        # the save that followed the previous step.
-        if (ck := self.checkpoint_callback) is not None:
-            row["seconds"]["save"], ck.last_seconds = ck.last_seconds, 0.0
-        row["seconds"] = {k: round(v, 4) for k, v in row["seconds"].items()}
-        if state.is_world_process_zero:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with self.path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-                f.flush()
-                os.fsync(f.fileno())

@@ -23,7 +23,6 @@ one's is removed by `remove_interrupted_saves` (every save and every start of tr
 """
 
 import base64
-import errno
 import hashlib
 import json
 import math
@@ -39,7 +38,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from data.atomic import TEMP_FILE
+from data.atomic import FILE_MODE, TEMP_FILE, disk_full, is_disk_full
 
 FORMAT = "capgrpo.state/2"
 SEAL = "descriptor.sha256"
@@ -54,10 +53,6 @@ _DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.bfloat16: "BF16", t
 
 class StateError(Exception):
     """A state directory that must not be loaded; the message names the file."""
-
-
-class DiskFullError(OSError):
-    """A save that did not fit; the message names the path, the bytes needed and the bytes free."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +79,8 @@ def save_state(
 
     `extra_json` = {"trainer_state.json": obj, ...}: more JSON files beside meta.json, listed in
     descriptor.json with their sha256 and verified like the shards (NaN allowed, as the HF Trainer writes).
-    A save that does not fit raises DiskFullError (checked up front, and again on ENOSPC mid-write).
+    A save that does not fit raises DiskFullError (checked up front, and again on ENOSPC mid-write); the
+    bytes it needs are exact: shards with their safetensors headers, the JSON files, descriptor and seal.
     """
     target = Path(dir)
     meta_bytes = json.dumps(meta, sort_keys=True, indent=1, allow_nan=False).encode()  # fails before writing
@@ -97,7 +93,11 @@ def save_state(
     shards, index = _pack(tensors, shard_bytes)
     names = [f"shard-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     json_files = {"meta.json": meta_bytes, **extra}
-    needed = sum(t.nbytes for s in shards for t in s.values()) + sum(map(len, json_files.values()))
+    heads = [_header(s) for s in shards]
+    sized = [{"file": n, "bytes": 8 + len(h) + sum(t.nbytes for t in s.values()), "sha256": "0" * 64,
+              "tensors": list(s)} for n, h, s in zip(names, heads, shards)]  # fmt: skip
+    needed = sum(e["bytes"] for e in sized) + sum(map(len, json_files.values()))
+    needed += len(_descriptor_bytes(sized, json_files, index)) + len(_seal_bytes(b""))
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_interrupted_saves(target.parent)
     check_free_space(target, needed)
@@ -105,7 +105,7 @@ def save_state(
     shutil.rmtree(tmp, ignore_errors=True)
 
     def write_shard(i: int) -> dict:
-        size, digest = _write_shard(tmp / names[i], shards[i])
+        size, digest = _write_shard(tmp / names[i], shards[i], heads[i])
         return {"file": names[i], "bytes": size, "sha256": digest, "tensors": list(shards[i])}
 
     try:
@@ -114,37 +114,35 @@ def save_state(
             entries = list(pool.map(write_shard, range(len(shards))))
         for name, data in json_files.items():
             _write(tmp / name, data)
-        files = [
-            {"file": n, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()}
-            for n, d in json_files.items()
-        ]
-        descriptor = {"format": FORMAT, "total_bytes": sum(e["bytes"] for e in entries), "shards": entries,
-                      "files": files, "tensors": index}  # fmt: skip
-        descriptor_bytes = json.dumps(descriptor, indent=1).encode()
+        descriptor_bytes = _descriptor_bytes(entries, json_files, index)
         _write(tmp / "descriptor.json", descriptor_bytes)
-        _write(tmp / SEAL, (hashlib.sha256(descriptor_bytes).hexdigest() + "\n").encode())
+        _write(tmp / SEAL, _seal_bytes(descriptor_bytes))
         _fsync_dir(tmp)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind, the disk as it was
-        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        if is_disk_full(e):
             raise disk_full(target, needed) from None
         raise
     install_dir(tmp, target)
     return target
 
 
+def _descriptor_bytes(entries: list[dict], json_files: dict[str, bytes], index: dict) -> bytes:
+    files = [
+        {"file": n, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for n, d in json_files.items()
+    ]
+    descriptor = {"format": FORMAT, "total_bytes": sum(e["bytes"] for e in entries), "shards": entries,
+                  "files": files, "tensors": index}  # fmt: skip
+    return json.dumps(descriptor, indent=1).encode()
+
+
+def _seal_bytes(descriptor_bytes: bytes) -> bytes:
+    return (hashlib.sha256(descriptor_bytes).hexdigest() + "\n").encode()
+
+
 def check_free_space(target: Path, needed: int) -> None:
     if shutil.disk_usage(target.parent).free < needed:
         raise disk_full(target, needed)
-
-
-def disk_full(target: Path, needed: int) -> DiskFullError:
-    free = shutil.disk_usage(target.parent).free
-    return DiskFullError(
-        errno.ENOSPC,
-        f"{target}: not saved, disk full: needs {needed:,} bytes, {free:,} free in {target.parent} "
-        "(free some space, then resume)",
-    )
 
 
 def install_dir(tmp: Path, target: Path) -> None:
@@ -223,13 +221,8 @@ def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict
     return shards, index
 
 
-def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[int, str]:
-    """Write one safetensors file straight from tensor memory, hashing on the way; (bytes, sha256).
-
-    The layout is safetensors' own (u64 header length, JSON header, raw little-endian data; loaded
-    back by safetensors itself): safetensors.torch.save copies each shard twice holding the GIL, which
-    capped saving at 0.6 GB/s on the H200 host whatever the thread count.
-    """
+def _header(tensors: dict[str, torch.Tensor]) -> bytes:
+    """A shard's safetensors JSON header, padded so that the data is 8-byte aligned, as safetensors writes it."""
     header, offset = {}, 0
     for key, t in tensors.items():
         header[key] = {
@@ -239,9 +232,20 @@ def _write_shard(path: Path, tensors: dict[str, torch.Tensor]) -> tuple[int, str
         }
         offset += t.nbytes
     head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # data 8-byte aligned, as safetensors writes it
+    return head + b" " * (-len(head) % 8)
+
+
+def _write_shard(path: Path, tensors: dict[str, torch.Tensor], head: bytes) -> tuple[int, str]:
+    """Write one safetensors file straight from tensor memory, hashing on the way; (bytes, sha256).
+
+    The layout is safetensors' own (u64 header length, JSON header, raw little-endian data; loaded
+    back by safetensors itself): safetensors.torch.save copies each shard twice holding the GIL, which
+    capped saving at 0.6 GB/s on the H200 host whatever the thread count.
+    """
+    offset = sum(t.nbytes for t in tensors.values())
     digest = hashlib.sha256()
     with open(path, "wb") as f:
+        os.fchmod(f.fileno(), FILE_MODE)
         for part in [len(head).to_bytes(8, "little"), head, *(_raw(t) for t in tensors.values())]:
             digest.update(part)  # hashlib and file writes release the GIL: shards go out in parallel
             f.write(part)
@@ -256,6 +260,7 @@ def _raw(t: torch.Tensor) -> memoryview:
 
 def _write(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
+        os.fchmod(f.fileno(), FILE_MODE)
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

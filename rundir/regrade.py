@@ -1,6 +1,6 @@
 """Re-grade a run's evaluation files with another grader version, into new files.
 
-    python -m rewards.regrade runs/S2 --grader v2      (make regrade RUN=runs/S2 GRADER=v2)
+    python -m rundir.regrade runs/S2 --grader v2      (make regrade RUN=runs/S2 GRADER=v2)
 
 Reads every `results/eval_stepNNN[_capCCCC].jsonl`, grades each row's stored completion against its
 reference with the chosen grader (a row whose outcome is `truncated` stays truncated: that is decided
@@ -20,7 +20,7 @@ from pathlib import Path
 from data.atomic import write_atomic
 from rewards.grader import GraderPool
 from rewards.outcome import Outcome, grader_version
-from rundir.files import EVAL_FILE
+from rundir.files import EVAL_FILE, read_jsonl
 
 
 def _accuracy(outcomes: list[str]) -> float | None:
@@ -29,15 +29,11 @@ def _accuracy(outcomes: list[str]) -> float | None:
 
 
 def _read_rows(path: Path) -> list[dict]:
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        missing = [k for k in ("set", "step", "outcome", "reference", "completion") if k not in row]
-        if missing:
-            raise ValueError(f"{path}:{number}: row lacks {', '.join(missing)}")
-        rows.append(row)
+    """The rows (rundir's reader: a torn or malformed row is refused by line) with what re-grading needs."""
+    rows = read_jsonl(path)
+    for number, row in enumerate(rows, 1):
+        if missing := [k for k in ("set", "step", "outcome", "reference", "completion") if k not in row]:
+            raise ValueError(f"{path}: row {number} lacks {', '.join(missing)}")
     return rows
 
 
@@ -147,7 +143,7 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rewards.regrade", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m rundir.regrade", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument(
         "--grader", default="v2", help="grader version to re-grade with: v1 or v2 (default v2)"

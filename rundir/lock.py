@@ -1,0 +1,92 @@
+"""One writer per run directory: an exclusive `flock` on `<run_dir>/.lock`, held for the life of the run.
+
+The lock is taken before anything else is written (a fresh run's empty-directory check and run.json's write
+happen under it), and refused in one line naming the holder's pid. A lock file left by a process that died
+(SIGKILL, a lost node) holds no lock, since the kernel drops a flock with its holder: the next run takes it
+over and says whose it was. On release the file is removed (and the directory, if the lock made it and it is
+still empty), so a refused launch leaves the run directory as it found it.
+"""
+
+import fcntl
+import logging
+import os
+from pathlib import Path
+
+LOCK_FILE = ".lock"
+logger = logging.getLogger(__name__)
+
+
+class RunLockedError(Exception):
+    """Another live process holds the run directory; the message names its pid and the way on."""
+
+
+class RunLock:
+    """`with RunLock(run_dir):` ... the run's writes ...; `RunLockedError` when another process holds it."""
+
+    def __init__(self, run_dir: Path | str):
+        self.dir = Path(run_dir)
+        self.path = self.dir / LOCK_FILE
+        self._fd: int | None = None
+        self._made_dir = False
+
+    def acquire(self) -> "RunLock":
+        if self.dir.exists() and not self.dir.is_dir():
+            raise RunLockedError(f"output_dir {self.dir}: exists and is not a directory")
+        self._made_dir = not self.dir.exists()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                self._remove_made_dir()
+                raise RunLockedError(
+                    f"{self.dir} is in use by another process (pid {holder or '?'}, holding {self.path}): "
+                    "wait for it to finish or stop it, then resume"
+                ) from None
+            # A holder that released (and removed the file) between our open and flock: lock the new file.
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        if (previous := _read_pid(fd)) and previous != os.getpid():
+            logger.warning(
+                "%s: taking over the lock left by pid %d, which is no longer running", self.dir, previous
+            )
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self.path.unlink(missing_ok=True)  # before unlocking: a waiter that opened it re-checks the inode
+        os.close(self._fd)
+        self._fd = None
+        self._remove_made_dir()
+
+    def _remove_made_dir(self) -> None:
+        if self._made_dir:
+            try:
+                self.dir.rmdir()  # only if empty: a refused fresh run leaves no directory behind
+            except OSError:
+                pass
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc_info) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None

@@ -34,6 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # run as a file, Python puts bench/ on sys.path, not the repo root that embedded.build (check_base) lives in
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+from rundir.files import Run, read_jsonl, steps_path  # noqa: E402
+
 RECIPE = ROOT / "configs/h200.yaml"
 BASE_OVERRIDES = ROOT / "configs/h200-base.json"
 ARMS = ("S0", "S2")
@@ -142,11 +144,8 @@ def check_base(work: Path, smoke: bool) -> str | None:
 
 # --- command 2: S0 and S2, the comparison, the summary -----------------------------------------
 def evaluated_steps(run: Path) -> set[int]:
-    return {
-        int(m[1])
-        for p in (run / "results").glob("eval_step*.jsonl")
-        if (m := re.fullmatch(r"eval_step(\d+)\.jsonl", p.name))
-    }
+    """Steps with an eval file at the run's own cap."""
+    return set(Run(run).evaluated())
 
 
 def throughput(run: Path) -> dict:
@@ -155,9 +154,7 @@ def throughput(run: Path) -> dict:
     Step time is generate + grade + train + eval + save (`grade_lost` is part of grade); generated tokens
     are the sampled rollouts' completion tokens (count x mean length: real tokens, not the compiled path's
     fillers); "warm" leaves out step 1, which pays the compilation of the decode step."""
-    rows = [
-        json.loads(line) for line in (run / "results/steps.jsonl").read_text().splitlines() if line.strip()
-    ]
+    rows = read_jsonl(steps_path(run))
 
     def stats(rows: list[dict]) -> dict:
         if not rows:

@@ -84,24 +84,25 @@ class BatchReport:
         return {prefix + f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _parse_boxed(content: str) -> list:
+def parse_boxed(content: str) -> list:
+    """math-verify's parse of `content` as the content of a box, without its own timeout (shared by v1 and v2)."""
     return math_verify.parse(
         "\\boxed{" + content + "}", extraction_config=_EXTRACTION, parsing_timeout=None, raise_on_error=True
     )
 
 
 @functools.lru_cache(maxsize=1024)
-def _parse_reference(reference: str) -> tuple:
+def parse_reference(reference: str) -> tuple:
     # The G rollouts of a problem share its reference: parse it once per worker, not G times.
-    return tuple(_parse_boxed(reference))
+    return tuple(parse_boxed(reference))
 
 
 def judge(answer: str, reference: str) -> Outcome:
     """Grader v1: compare an extracted, non-empty answer with the reference. No limits of its own."""
-    target = _parse_boxed(answer)
+    target = parse_boxed(answer)
     if not target:
         return Outcome.FORMAT_REJECTED  # the last box cannot be parsed
-    gold = list(_parse_reference(reference))
+    gold = list(parse_reference(reference))
     if not gold:
         raise ValueError("the reference answer cannot be parsed")
     equal = math_verify.verify(gold, target, timeout_seconds=None, raise_on_error=True)

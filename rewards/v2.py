@@ -13,7 +13,7 @@ import math_verify
 from sympy import Basic
 from sympy.matrices import MatrixBase
 
-from rewards.grader import _parse_boxed, _parse_reference
+from rewards.grader import parse_boxed, parse_reference
 from rewards.outcome import Outcome
 
 # Digit groups of three after a LaTeX or typographic thousands separator: `2\,220`, `10,\!080`,
@@ -103,7 +103,7 @@ def _top_level_items(text: str) -> list[str] | None:
 
 
 def _same(answer: str, reference: str) -> bool:
-    target, gold = _parse_boxed(answer), list(_parse_reference(reference))
+    target, gold = parse_boxed(answer), list(parse_reference(reference))
     return bool(target and gold) and math_verify.verify(
         gold, target, timeout_seconds=None, raise_on_error=True
     )
@@ -135,11 +135,11 @@ def judge_v2(answer: str, reference: str) -> Outcome:
     for rule in (_compare_bases, _compare_lists):
         if (outcome := rule(answer, reference)) is not None:
             return outcome
-    target = _parse_boxed(answer)
+    target = parse_boxed(answer)
     parsed = any(isinstance(t, (Basic, MatrixBase)) for t in target)
     if not target or (not parsed and not _ALNUM.search(answer)):
         return Outcome.FORMAT_REJECTED  # `=`, `)(`: nothing math-verify could read but the raw string
-    gold = list(_parse_reference(reference))
+    gold = list(parse_reference(reference))
     if not gold:
         raise ValueError("the reference answer cannot be parsed")
     equal = math_verify.verify(gold, target, timeout_seconds=None, raise_on_error=True)

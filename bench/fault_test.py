@@ -13,6 +13,11 @@
    compare with the reference: every steps.jsonl row but the timings, every eval row, the last stepNNN/
    weights, the last stateNNN/ tensors, RNG, sampler and scheduler state, the same stepNNN/ and
    stateNNN/ dirs, and no temp dir left. A run that finishes before its kill is drawn again.
+4. `--torn` times: SIGKILL once steps.jsonl has a seeded number of rows, append half of the next step's
+   row (what a crash or a full disk during that append leaves), resume, compare.
+5. `--lock`: while a fresh run trains, a `--resume` of its directory and a second fresh run into it are
+   started; each must be refused in one line naming the first run's pid, and the first must still end
+   identical to the reference.
 
 Prints a markdown table (docs/state.md has the measured one) and, with --report, writes it as JSON.
 """
@@ -32,11 +37,11 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("trainer", "data", "rewards", "cards", "analysis")
+PACKAGES = ("trainer", "data", "rewards", "cards", "analysis", "rundir", "policy")
 RECIPE = "configs/embedded.yaml"
 sys.path.insert(0, str(REPO))
-from rundir.files import read_jsonl  # noqa: E402
-from trainer.state_shard import load_state  # noqa: E402
+from rundir.files import read_jsonl, state_dir, steps_path  # noqa: E402
+from rundir.state import load_state  # noqa: E402
 
 # The embedded S2 recipe at a size a shared 2-core CPU runs in a couple of minutes.
 SMALL = {
@@ -68,7 +73,7 @@ def train_cmd(args, out: Path, resume: bool) -> list[str]:
     return cmd + (["--resume", str(out)] if resume else [])
 
 
-def launch(cmd: list[str], log: Path, watch: Path, kill_at: float | None = None):
+def launch(cmd: list[str], log: Path, watch: Path, kill_at: float | None = None, until=None):
     """(return code or None if killed, seconds from `watch` appearing to the end). Killed: SIGKILL to the
     whole process group `kill_at` seconds after `watch` (the run's run.json) appeared: timing from there
     leaves out the startup (imports, model load), whose length varies most on a shared machine."""
@@ -81,6 +86,8 @@ def launch(cmd: list[str], log: Path, watch: Path, kill_at: float | None = None)
         while proc.poll() is None:
             if seen is None and watch.exists():
                 seen = time.perf_counter()
+            if until is not None and until():  # e.g. a row written: SIGKILL then
+                kill_at = 0.0
             if kill_at is not None and seen is not None and time.perf_counter() - seen >= kill_at:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
@@ -128,7 +135,7 @@ def left_behind(out: Path) -> dict:
     steps = out / "results" / "steps.jsonl"
     return {
         "states": sorted(p.name for p in out.glob("state[0-9]*")),
-        "rows": len(read_jsonl(steps)) if steps.is_file() else 0,
+        "rows": len(read_jsonl(steps, torn_tail="drop")) if steps.is_file() else 0,
         "saving": sorted(p.name for p in out.iterdir() if p.name.startswith(".")),
     }
 
@@ -148,6 +155,8 @@ def main() -> None:
         "--twin", action="store_true", help="first check that two uninterrupted runs are identical"
     )
     ap.add_argument("--report", type=Path, help="also write the results here as JSON")
+    ap.add_argument("--torn", type=int, default=0, help="this many torn-last-row cases after the kills")
+    ap.add_argument("--lock", action="store_true", help="then the two-writers case")
     args = ap.parse_args()
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -159,7 +168,7 @@ def main() -> None:
     print(f"code: the working tree at commit {commit}, copied to {code}", flush=True)
 
     ref, timing = args.out / "reference", args.out / "reference.json"
-    if not (timing.is_file() and (ref / f"state{args.steps:03d}").is_dir()):
+    if not (timing.is_file() and state_dir(ref, args.steps).is_dir()):
         shutil.rmtree(ref, ignore_errors=True)
         rc, seconds = launch(train_cmd(args, ref, resume=False), args.out / "reference.log", ref / "run.json")
         if rc != 0:
@@ -204,7 +213,73 @@ def main() -> None:
         if row["identical"] and not args.keep:
             shutil.rmtree(out)
         write_table(args, results, seconds, trained)  # after every kill: a long run can be cut short
+    for i in range(args.torn):
+        results.append(torn_case(args, ref, i, rng))
+        print(json.dumps(results[-1]), flush=True)
+        write_table(args, results, seconds, trained)
+    if args.lock:
+        results.append(lock_case(args, ref))
+        print(json.dumps(results[-1]), flush=True)
+        write_table(args, results, seconds, trained)
     print("\n" + (args.out / "table.md").read_text())
+
+
+def torn_case(args, ref: Path, i: int, rng: random.Random) -> dict:
+    """SIGKILL once steps.jsonl has a seeded number of rows, append half a row, resume, compare."""
+    out, log = args.out / f"torn{i:02d}", args.out / f"torn{i:02d}.log"
+    shutil.rmtree(out, ignore_errors=True)
+    log.unlink(missing_ok=True)
+    rows = rng.randint(1, args.steps - 1)
+    steps = steps_path(out)
+    enough = lambda: steps.is_file() and steps.read_text().count("\n") >= rows  # noqa: E731
+    launch(train_cmd(args, out, resume=False), log, out / "run.json", until=enough)
+    killed = left_behind(out)
+    last = read_jsonl(steps, torn_tail="drop")[
+        -1
+    ]  # the next step's row, cut in half: a crash during its append
+    torn = json.dumps({**last, "step": last["step"] + 1})
+    with steps.open("a") as f:
+        f.write(torn[: len(torn) // 2])
+    rc, _ = launch(train_cmd(args, out, resume=True), log, out / "run.json")
+    error = next((ln for ln in log.read_text().splitlines() if ln.startswith("error: ")), None)
+    checks = compare(ref, out) if rc == 0 else {}
+    row = {"kill": f"torn{i}", "at_s": f"row {killed['rows']} written; half a row appended", "finished_first": False,
+           **killed, "rc": rc, "error": error, "checks": checks, "identical": bool(checks) and all(checks.values())}  # fmt: skip
+    if rc == 0:
+        row["from_state"] = json.loads((out / "run.json").read_text())["resumes"][-1]["from_state"]
+        if row["identical"] and not args.keep:
+            shutil.rmtree(out)
+    return row
+
+
+def lock_case(args, ref: Path) -> dict:
+    """A run in training, then a --resume of it and a fresh run into it: both refused by its pid."""
+    out, log = args.out / "lock", args.out / "lock.log"
+    shutil.rmtree(out, ignore_errors=True)
+    log.unlink(missing_ok=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with log.open("a") as f:
+        first = subprocess.Popen(train_cmd(args, out, resume=False), cwd=args.out / "code", env=env,
+                                 stdout=f, stderr=f, start_new_session=True)  # fmt: skip
+    while not steps_path(out).is_file() and first.poll() is None:  # training, past startup
+        time.sleep(0.05)
+    refusals = []
+    for resume in (True, False):
+        second = subprocess.run(train_cmd(args, out, resume=resume), cwd=args.out / "code", env=env,
+                                capture_output=True, text=True)  # fmt: skip
+        last = (second.stderr.strip().splitlines() or [""])[-1]
+        refusals.append(
+            second.returncode == 1 and f"pid {first.pid}" in last and "Traceback" not in second.stderr
+        )
+    rc = first.wait()
+    checks = compare(ref, out) if rc == 0 else {}
+    checks["refused_by_pid"] = all(refusals)
+    row = {"kill": "lock", "at_s": "a --resume and a fresh run while training", "finished_first": False,
+           "states": [], "rows": 0, "saving": [], "rc": rc, "error": last, "checks": checks,
+           "identical": rc == 0 and all(checks.values()), "from_state": "not stopped"}  # fmt: skip
+    if row["identical"] and not args.keep:
+        shutil.rmtree(out)
+    return row
 
 
 def write_table(args, results: list[dict], seconds: float, trained: int) -> None:

@@ -6,11 +6,14 @@ stepNNN/manifest.json  {"format": "capgrpo.step/1", "files": [{"file", "bytes", 
 It lists every file of the checkpoint but its card (`README.md`, regenerated from the run's files whenever a
 card is written; and `.gitattributes`, which cards/cleanup.py removes) and is written into the save's temp dir before it is installed, so a stepNNN/ without one
 did not come from a complete save. Resume, evaluation, push and pruning call `verify_step` (or
-`step_verified`, which hashes each checkpoint once per process).
+`step_verified`, which hashes each checkpoint once per process). A checkpoint saved before checkpoints were
+hashed gets its manifest, once it is known good, with `python -m rundir.step --write-manifest runs/S2/step003`.
 """
 
+import argparse
 import hashlib
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,7 +69,8 @@ def verify_step(step_dir: Path, *, way_on: str = "") -> str:
         raise refuse(f"{step_dir}: missing")
     if not path.is_file():
         raise refuse(
-            f"{path}: missing (a save that did not finish, or one from before checkpoints were hashed)"
+            f"{path}: missing (a save that did not finish, or one from before checkpoints were hashed: "
+            "`python -m rundir.step --write-manifest DIR` records a checkpoint known to be good)"
         )
     data = path.read_bytes()
     try:
@@ -126,3 +130,26 @@ def step_verified(step_dir: Path) -> bool:
     except StateError:
         return False
     return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rundir.step", description="Verify stepNNN/ checkpoints.")
+    parser.add_argument("dirs", nargs="+", type=Path)
+    parser.add_argument(
+        "--write-manifest", action="store_true", help="hash a checkpoint that has no manifest"
+    )
+    args = parser.parse_args(argv)
+    try:
+        for d in args.dirs:
+            if args.write_manifest and not (d / MANIFEST).exists():
+                print(write_manifest(d))
+            verify_step(d)
+            print(f"{d}: verified")
+    except (StateError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -12,6 +12,8 @@ from data.atomic import DiskFullError, write_atomic
 from rundir.files import Run, RunFileError, SetScore, eval_path, read_jsonl, summarize, write_eval
 from rundir.lock import LOCK_FILE, RunLock, RunLockedError
 from rundir.resume import rewind
+from rundir.step import StepError, verify_step
+from rundir.step import main as step_main
 
 
 def _rows(step: int, cap: int, outcomes: list[str], name: str = "heldout300") -> list[dict]:
@@ -154,3 +156,18 @@ def test_the_arrows_run_one_way():
             assert "rundir" not in packages and "trainer" not in packages, module
     for module, packages in _imported_packages("cards").items():
         assert "trainer" not in packages, module
+
+
+def test_a_checkpoint_from_before_manifests_is_refused_until_recorded(tmp_path, capsys):
+    """Issue 30, case 2: the way on for a stepNNN/ saved before checkpoints were hashed."""
+    step = tmp_path / "step003"
+    step.mkdir()
+    (step / "model.safetensors").write_bytes(b"\0" * 64)
+    with pytest.raises(StepError, match=r"manifest.json: missing .*--write-manifest"):
+        verify_step(step)
+    assert step_main([str(step)]) == 1 and "error: " in capsys.readouterr().err
+    assert step_main(["--write-manifest", str(step)]) == 0
+    verify_step(step)
+    (step / "stray.bin").write_bytes(b"x")
+    with pytest.raises(StepError, match=r"stray.bin: not listed in manifest.json"):
+        verify_step(step)

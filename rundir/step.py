@@ -55,9 +55,13 @@ def write_manifest(step_dir: Path) -> Path:
     )
 
 
-def verify_step(step_dir: Path, *, way_on: str = "") -> str:
+# hashing an 18 GB checkpoint takes a while: each is hashed once per process, then known by its manifest
+_verified: set[tuple[str, str]] = set()
+
+
+def verify_step(step_dir: Path, *, way_on: str = "") -> None:
     """Every listed file present with its size and sha256, and no other file but the card; StepError naming
-    the file (and `way_on`) otherwise. Returns the manifest's sha256 (what `step_verified` caches)."""
+    the file (and `way_on`) otherwise. A checkpoint that passes is remembered by `step_verified`."""
     step_dir = Path(step_dir)
     on = f"; {way_on}" if way_on else ""
 
@@ -96,11 +100,7 @@ def verify_step(step_dir: Path, *, way_on: str = "") -> str:
     for name, digest in zip(names, digests):
         if digest != entries[name].get("sha256"):
             raise refuse(f"{step_dir / name}: sha256 mismatch (corrupted)")
-    return hashlib.sha256(data).hexdigest()
-
-
-# hashing an 18 GB checkpoint takes a while: each is hashed once per process, then known by its manifest
-_verified: set[tuple[str, str]] = set()
+    _verified.add((str(step_dir.resolve()), hashlib.sha256(data).hexdigest()))
 
 
 def _key(step_dir: Path) -> tuple[str, str]:
@@ -126,7 +126,7 @@ def step_verified(step_dir: Path) -> bool:
         except (OSError, ValueError, KeyError, TypeError):
             return False
     try:
-        _verified.add((str(key), verify_step(key)))
+        verify_step(key)
     except StateError:
         return False
     return True

@@ -41,6 +41,7 @@ PACKAGES = ("trainer", "data", "rewards", "cards", "analysis", "rundir", "policy
 RECIPE = "configs/embedded.yaml"
 sys.path.insert(0, str(REPO))
 from rundir.files import read_jsonl, state_dir, steps_path  # noqa: E402
+from rundir.lock import LOCK_FILE  # noqa: E402  (a killed run leaves it; the resume takes it over)
 from rundir.state import load_state  # noqa: E402
 
 # The embedded S2 recipe at a size a shared 2-core CPU runs in a couple of minutes.
@@ -136,7 +137,7 @@ def left_behind(out: Path) -> dict:
     return {
         "states": sorted(p.name for p in out.glob("state[0-9]*")),
         "rows": len(read_jsonl(steps, torn_tail="drop")) if steps.is_file() else 0,
-        "saving": sorted(p.name for p in out.iterdir() if p.name.startswith(".")),
+        "saving": sorted(p.name for p in out.iterdir() if p.name.startswith(".") and p.name != LOCK_FILE),
     }
 
 

@@ -15,9 +15,9 @@
    stateNNN/ dirs, and no temp dir left. A run that finishes before its kill is drawn again.
 4. `--torn` times: SIGKILL once steps.jsonl has a seeded number of rows, append half of the next step's
    row (what a crash or a full disk during that append leaves), resume, compare.
-5. `--lock`: while a fresh run trains, a `--resume` of its directory and a second fresh run into it are
-   started; each must be refused in one line naming the first run's pid, and the first must still end
-   identical to the reference.
+5. `--lock`: a fresh run is paused (SIGSTOP) once it has written its first row, a `--resume` of its
+   directory and a second fresh run into it are started; each must be refused in one line naming the first
+   run's pid; then the first goes on (SIGCONT) and must still end identical to the reference.
 
 Prints a markdown table (docs/state.md has the measured one) and, with --report, writes it as JSON.
 """
@@ -264,6 +264,7 @@ def lock_case(args, ref: Path) -> dict:
                                  stdout=f, stderr=f, start_new_session=True)  # fmt: skip
     while not steps_path(out).is_file() and first.poll() is None:  # training, past startup
         time.sleep(0.05)
+    os.killpg(first.pid, signal.SIGSTOP)  # paused, still holding its lock, however long the two take to start
     refusals = []
     for resume in (True, False):
         second = subprocess.run(train_cmd(args, out, resume=resume), cwd=args.out / "code", env=env,
@@ -272,6 +273,7 @@ def lock_case(args, ref: Path) -> dict:
         refusals.append(
             second.returncode == 1 and f"pid {first.pid}" in last and "Traceback" not in second.stderr
         )
+    os.killpg(first.pid, signal.SIGCONT)
     rc = first.wait()
     checks = compare(ref, out) if rc == 0 else {}
     checks["refused_by_pid"] = all(refusals)

@@ -3,9 +3,10 @@
 Every field of `CapGRPOConfig` (TRL's `GRPOConfig` + ours) and TRL's `ModelConfig` can be set in the YAML
 recipe or overridden on the command line (`TrlParser`).
 
-Refusals (a bad field, a non-empty output_dir, a resume that would not be exact, a broken state, a full
-disk) print one `error: ...` line and exit with status 1, before anything is written; `--debug` or
-CAPGRPO_DEBUG=1 shows the traceback instead.
+Refusals (a bad field, a non-empty output_dir, a run directory another process holds, a resume that would
+not be exact, a broken state or checkpoint, a full disk) print one `error: ...` line and exit with status 1,
+before anything is written; `--debug` or CAPGRPO_DEBUG=1 shows the traceback instead. Ctrl-C prints one line
+with the step reached and the resume command (status 130).
 """
 
 import contextlib
@@ -269,11 +270,10 @@ def main(argv: list[str] | None = None) -> None:
         print(e, file=sys.stderr)
         sys.exit(130)
     except (*REFUSALS, OSError) as e:
-        if debug or (isinstance(e, OSError) and not isinstance(e, REFUSALS) and not is_disk_full(e)):
+        full = is_disk_full(e) and not isinstance(e, DiskFullError)  # a write outside our savers
+        if debug or not (isinstance(e, REFUSALS) or full):
             raise
-        if is_disk_full(e) and not isinstance(
-            e, DiskFullError
-        ):  # a write outside our savers: the path it had
+        if full:
             e = f"{e.filename or 'a file of the run'}: not written, the disk is full (free some space, then resume)"
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

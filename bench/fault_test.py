@@ -1,6 +1,7 @@
 """Fault test of exact resume: SIGKILL a short run at seeded random moments, resume each, compare bitwise.
 
-    python bench/fault_test.py --kills 20 --steps 5 --seed 0 --out runs/fault_test [--twin] [--report F]
+    python bench/fault_test.py --kills 20 --steps 5 --seed 0 --out runs/fault_test [--twin] [--torn N] [--lock]
+        [--report F]
 
 1. The code (trainer/, data/, rewards/, cards/, analysis/ and the recipe) is copied to OUT/code and every
    run starts there: the working tree may change while the test runs. The base is the shipped

@@ -3,7 +3,7 @@
     python bench/fault_test.py --kills 20 --steps 5 --seed 0 --out runs/fault_test [--twin] [--torn N] [--lock]
         [--report F]
 
-1. The code (trainer/, data/, rewards/, cards/, analysis/ and the recipe) is copied to OUT/code and every
+1. The code (trainer/, rundir/, data/, rewards/, policy/, cards/, analysis/ and the recipe) is copied to OUT/code and every
    run starts there: the working tree may change while the test runs. The base is the shipped
    embedded/base (`--base`, `--snapshot` for others).
 2. One uninterrupted run (the reference) of the embedded S2 recipe scaled down, a state saved every step;

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from analysis.differences import PairedDiff, set_accuracy
 from analysis.pairing import caps
-from analysis.stats import ALPHA, EXACT_MAX, min_seeds
+from analysis.stats import ALPHA, EXACT_MAX, ceil_sig, min_seeds
 from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
 from rundir.files import Run, SetScore, pct
@@ -135,7 +135,7 @@ def seed_headline(c: "Comparison") -> str:
         "p adjusted",
     ]
     n = c.n_seeds
-    floor = f"With {n} seeds the smallest possible two-sided p is 2 / 2^{n} = {2 / 2**n:.3g}" + (
+    floor = f"with {n} seeds the smallest possible two-sided p is 2 / 2^{n} = {ceil_sig(2 / 2**n, 4)}" + (
         f": below {min_seeds()} seeds no result can reach p ≤ {ALPHA}." if n < min_seeds() else "."
     )
     power = [f"- **{name}**: {s.power_line(c.smallest_effect_pp)}." for name, s in c.seed_level.items()]
@@ -269,7 +269,8 @@ def _disagreement_text(name: str, d: PairedDiff, counts) -> str:
         f"not: {gains}; B correct where A is not: {losses}. {gains} − {losses} = {gains - losses} is the sum over "
         f"the pairs of (A correct − B correct): {share:+.1f} pp of the {d.pairs} pairs"
         + (
-            ", equal to the paired difference (every problem keeps the same number of pairs)."
+            ", the paired difference as well (the two agree exactly when every problem keeps the same number "
+            "of pairs)."
             if same
             else f"; the paired difference, a mean over problems of per-problem means, is "
             f"{d.test.mean_diff:+.1f} pp (problems keep different numbers of pairs)."

@@ -223,9 +223,11 @@ def _seed_test_note(c: "Comparison") -> str:
         "and B runs are exchangeable (same recipe, seed, base, eval sets and eval seeds; only the arm differs), "
         "so each seed's difference is as likely to have either sign, whatever the seed-to-seed spread. Its "
         "false-positive rate is measured in tests/test_seed_level.py (null runs with seed SD 0, 1.5 and 3 pp). "
-        f"Power: seeds per arm for {0.8:.0%} power at two-sided α = {ALPHA}, from the observed SD over seeds "
-        "(the one-sample t normal approximation, n = (z_0.975 + z_0.8)² (SD / effect)² + z_0.975² / 2, and at "
-        f"least {min_seeds()}, the fewest seeds that can reach p ≤ {ALPHA})."
+        f"Power: seeds per arm for 80% power at two-sided α = {ALPHA}, from the observed SD over seeds: the "
+        "one-sample t normal approximation, n = (z_0.975 + z_0.8)² (SD / effect)² + z_0.975² / 2, at least "
+        f"{min_seeds()} (the fewest seeds that can reach p ≤ {ALPHA}), and up to 12 seeds raised until the exact "
+        "sign-flip's power simulated on normal per-seed differences reaches 80% (its discreteness costs about "
+        "a seed there). The SD is itself estimated from few seeds: the numbers are a plan, not a promise."
     )
 
 

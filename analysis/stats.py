@@ -207,16 +207,41 @@ def min_seeds(alpha: float = ALPHA) -> int:
     return max(1, math.ceil(math.log2(2 / alpha)))
 
 
+def sign_flip_rows(diffs: np.ndarray) -> np.ndarray:
+    """Exact two-sided sign-flip p of each row's mean (all 2^n patterns; n up to ~16), vectorised: what
+    sign_flip_test gives row by row, for simulations."""
+    d = np.asarray(diffs, dtype=np.float64)
+    n = d.shape[1]
+    patterns = 1 - 2 * ((np.arange(2**n)[:, None] >> np.arange(n)) & 1)
+    sums = d @ patterns.T
+    observed = d.sum(1, keepdims=True)
+    tol = _TIE_RTOL * np.abs(d).sum(1, keepdims=True)
+    upper, lower = (sums >= observed - tol).mean(1), (sums <= observed + tol).mean(1)
+    return np.minimum(1.0, 2 * np.minimum(upper, lower))
+
+
+POWER_SIMULATED_MAX = 12  # seeds up to which power is simulated; beyond, the t approximation is close
+POWER_SIMS = 4000
+
+
 def seeds_for_power(sd: float, effect: float, *, alpha: float = ALPHA, power: float = POWER) -> int | None:
     """Seed pairs (seeds per arm) for `power` at a true mean per-seed difference `effect`, per-seed
-    differences of SD `sd`: the one-sample t-test's normal approximation with Guenther's correction,
-    n = (z_(1-α/2) + z_power)² (sd / effect)² + z_(1-α/2)² / 2, and no fewer than min_seeds(alpha).
-    None when the effect is zero or a number is not finite."""
+    differences of SD `sd`, for the exact sign-flip over seeds. Start from the one-sample t-test's normal
+    approximation with Guenther's correction, n = (z_(1-α/2) + z_power)² (sd / effect)² + z_(1-α/2)² / 2,
+    no fewer than min_seeds(alpha); up to POWER_SIMULATED_MAX seeds, where the sign-flip's discreteness
+    costs about a seed, add seeds until its power simulated on normal differences (POWER_SIMS draws, seed 0)
+    reaches `power`. None when the effect is zero or a number is not finite."""
     if not (math.isfinite(sd) and math.isfinite(effect)) or effect == 0:
         return None
     z_a, z_b = NormalDist().inv_cdf(1 - alpha / 2), NormalDist().inv_cdf(power)
-    n = (z_a + z_b) ** 2 * (sd / effect) ** 2 + z_a**2 / 2
-    return max(min_seeds(alpha), math.ceil(n - 1e-9))
+    n = max(min_seeds(alpha), math.ceil((z_a + z_b) ** 2 * (sd / effect) ** 2 + z_a**2 / 2 - 1e-9))
+    rng = np.random.default_rng(0)
+    while n <= POWER_SIMULATED_MAX and sd > 0:
+        diffs = rng.normal(abs(effect) / sd, 1.0, (POWER_SIMS, n))
+        if float((sign_flip_rows(diffs) <= alpha).mean()) >= power:
+            break
+        n += 1
+    return n
 
 
 # --- peak and decline with the peak re-selected under the null --------------------------------------

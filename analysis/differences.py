@@ -18,6 +18,8 @@ import numpy as np
 
 from analysis.pairing import CompareError, common_steps
 from analysis.stats import (
+    ALPHA,
+    POWER,
     SMALLEST_EFFECT_PP,
     DeclineResult,
     SignFlipResult,
@@ -134,7 +136,7 @@ class SeedLevel:
         return sum(d > 0 for d in self.diffs_pp)
 
     def seeds_needed(self, effect_pp: float) -> int | None:
-        """Seeds per arm for 80% power at a true difference of effect_pp, planned on the observed SD."""
+        """Seeds per arm for POWER at a true difference of effect_pp, planned on the observed SD."""
         return seeds_for_power(self.sd, effect_pp)
 
     def power_line(self, smallest_pp: float = SMALLEST_EFFECT_PP) -> str:
@@ -143,7 +145,7 @@ class SeedLevel:
             return "undefined (no difference)" if n is None else f"{n}"
 
         return (
-            f"seeds per arm for 80% power (two-sided α = 0.05), planned on the observed SD over seeds "
+            f"seeds per arm for {POWER:.0%} power (two-sided α = {ALPHA}), planned on the observed SD over seeds "
             f"{self.sd:.1f} pp: {need(self.mean)} at the observed {self.mean:+.1f} pp, {need(smallest_pp)} at "
             f"the smallest effect of interest {smallest_pp:.1f} pp ({len(self.diffs_pp)} were run)"
         )

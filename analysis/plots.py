@@ -1,7 +1,8 @@
 """Trajectory plots for an arm comparison (SPEC §7): PNG files, matplotlib's Agg backend (no display).
 
-One line per arm; with several training seeds the line is the mean over seeds and a band spans the lowest
-to the highest seed. Training-step series break where steps.jsonl has no row, rather than bridging the gap
+One line per arm; with several training seeds each seed is a thin line under the mean over seeds, and a
+band spans the lowest to the highest seed. Every value axis is scaled to its data (rates of 5-20% are not
+drawn on 0-100%). Training-step series break where steps.jsonl has no row, rather than bridging the gap
 with a straight line.
 """
 
@@ -98,13 +99,16 @@ def break_gaps(xs: list[int], ys) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _draw(ax, xs, per_seed, color: str, marker: str, label: str, *, scale=1.0, ls="-", gaps=False) -> None:
-    """The mean over seeds as a line, the seeds' range as a band (several seeds)."""
+    """The mean over seeds as a line; with several seeds, each seed as a thin line and their range as a band."""
     ys = np.asarray(per_seed, dtype=float) * scale
     mean, lo, hi = _nan_stats(ys)
     if len(ys) > 1:
         label = f"{label} (mean of {len(ys)} seeds)"
+        for seed_ys in ys:
+            sx, sy = break_gaps(xs, seed_ys) if gaps else (np.asarray(xs, dtype=float), seed_ys)
+            ax.plot(sx, sy, ls=ls, lw=0.7, color=color, alpha=0.35, gid="seed")
     x, m = break_gaps(xs, mean) if gaps else (np.asarray(xs, dtype=float), mean)
-    ax.plot(x, m, marker=marker, ms=5 if gaps else 6, ls=ls, color=color, alpha=0.85, label=label)
+    ax.plot(x, m, marker=marker, ms=5 if gaps else 6, ls=ls, lw=1.8, color=color, alpha=0.9, label=label)
     if len(ys) > 1:
         x, lo = break_gaps(xs, lo) if gaps else (x, lo)
         _, hi = break_gaps(xs, hi) if gaps else (x, hi)
@@ -127,8 +131,6 @@ def _per_set(trajs: list[Trajectory], sets: list[str], field: str, ylabel: str, 
             _draw(ax, traj.eval_steps, per_seed, color, marker, traj.label, scale=scale)
             _mark_compared(ax, traj, per_seed, color, scale)
         _style(ax, name, ylabel, [t.eval_steps for t in trajs], percent=percent)
-        if not percent:
-            ax.set_ylim(bottom=0)  # token counts
     return fig
 
 
@@ -183,8 +185,9 @@ def _style(ax, title: str, ylabel: str, steps: list[list[int]], *, percent: bool
         pad = 0.04 * (xs[-1] - xs[0])
         ax.set_xlim(xs[0] - pad, xs[-1] + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if percent:
-        ax.set_ylim(-2, 102)
+    if percent:  # scaled to the data (matplotlib's autoscale), never past 0-100 %
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(max(lo, -1.0), min(hi, 101.0))
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)

@@ -24,7 +24,8 @@ from analysis.compare import (
     trajectory,
 )
 from analysis.plots import PLOTS, break_gaps, figures
-from analysis.stats import holm
+from analysis.report import headline_notes
+from analysis.stats import fixed_sequence_holm
 from rewards.outcome import Outcome
 from rundir.files import RunFileError
 
@@ -132,7 +133,13 @@ def test_paired_differences_and_disagreements(runs, tmp_path):
     report = c.report.read_text()
     assert (
         "**f**: over the 5 sample pairs graded in both arms (the pairs the test uses; 3 with an indeterminate "
-        "left out), 3 differ; A correct where B is not: 1; B correct where A is not: 2." in report
+        "left out), 3 differ; A correct where B is not: 1; B correct where A is not: 2. 1 − 2 = -1 is the sum "
+        "over the pairs of (A correct − B correct): -20.0 pp of the 5 pairs; the paired difference, a mean over "
+        "problems of per-problem means, is -33.3 pp (problems keep different numbers of pairs)." in report
+    )
+    assert (
+        "2 is the sum over the pairs of (A correct − B correct): +33.3 pp of the 6 pairs, the paired difference as well"
+        in report
     )
     assert "| B indeterminate" not in report and "→ A indeterminate" not in report
 
@@ -144,11 +151,14 @@ def test_headline_says_when_own_denominators_and_paired_mean_differ(runs, tmp_pa
     assert f.own_diff_pp == pytest.approx(100 * (4 / 6 - 6 / 7))
     assert (f.paired_a, f.paired_b) == pytest.approx((0.5, 5 / 6))
     assert f.denominators_differ and not h.denominators_differ
-    notes = c.headline_notes()
+    # over the 5 pairs themselves: A correct in 3 (60.0%), B in 4 (80.0%): not the per-problem means
+    assert (f.pair_share_a, f.pair_share_b) == pytest.approx((3 / 5, 4 / 5))
+    notes = headline_notes(c)
     assert notes[0] == (
-        "**f**: the accuracies above use each arm's own denominator and differ by -19.0 pp; the paired "
-        "difference uses the 5 sample pairs graded in both arms (3 problems), where A is 50.0% and B 83.3%: "
-        "-33.3 pp."
+        "**f**: the accuracies above use each arm's own denominator and differ by -19.0 pp. The paired "
+        "difference uses the 5 sample pairs graded in both arms (3 problems): the mean over problems of each "
+        "problem's share correct among its pairs is A 50.0%, B 83.3%, -33.3 pp (as shares of the pairs "
+        "themselves, A / B = 60.0% / 80.0%)."
     )
     assert "3 sample pair(s) indeterminate in A or B left out" in notes[1]
     assert not any(n.startswith("**h**") for n in notes)
@@ -313,32 +323,35 @@ def test_report_names_the_primary_and_adjusts_for_multiplicity(tmp_path):
     assert list(c.paired) == ["heldout300", "fixed32"] and c.primary == "heldout300"
     fam = c.family()
     assert [name for name, *_ in fam][:2] == ["A − B, heldout300", "A − B, fixed32"] and len(fam) == 6
-    expected = holm([p for _, p, *_ in fam])
-    cells = c.holm_cells()
-    for (name, *_), adj in zip(fam, expected):
-        assert float(cells[name]) == pytest.approx(adj, rel=0.01)
+    expected = fixed_sequence_holm([p for _, p, _ in fam])
+    cells = c.adjusted_cells()
+    for (name, *_), (adj, _) in zip(fam, expected):
+        assert float(cells[name].removeprefix("≤ ")) >= adj  # rounded up, never below
+        assert float(cells[name].removeprefix("≤ ")) == pytest.approx(adj, rel=0.01)
+        assert adj >= fam[0][1]  # nothing passes where the primary did not
     report = c.report.read_text()
     assert "**Primary comparison: heldout300, A at step 4 against B at step 4**" in report
-    assert "| heldout300 (primary) |" in report and "p Holm (6 tests)" in report
+    assert "| heldout300 (primary) |" in report and "p adjusted (6 tests)" in report
+    assert "One training seed per arm: no arm-level test is possible" in report
+    assert "seeds per arm for 80% power" not in report
 
 
-def test_holm_values_resting_on_a_monte_carlo_floor_print_as_bounds():
-    class Family:  # three tests: one at its Monte Carlo floor (2 / 1001), two exact
+def test_adjusted_cells_are_rounded_up_and_marked_where_they_rest_on_monte_carlo():
+    class Family:  # the primary exact, one Monte Carlo at its floor (2 / 1001), one exact
+        seed_level = {}
+
         def family(self):
-            return [
-                ("x", 2 / 1001, "monte_carlo", 1000, 2),
-                ("y", 0.04, "exact", 16, 2),
-                ("z", 0.5, "exact", 16, 2),
-            ]
+            return [("x", 0.0123456, "exact"), ("y", 2 / 1001, "monte_carlo"), ("z", 0.5, "exact")]
 
-    # Holm: 3 × 0.001998 = 0.005994 (only bounded: the raw p is), 2 × 0.04 = 0.08, 0.5.
-    assert Comparison.holm_cells(Family()) == {"x": "< 0.006", "y": "0.08", "z": "0.5"}
+    # fixed sequence: x at 0.0123456; then Holm over y, z: 2 × 0.001998 = 0.003996 -> raised to x; 0.5
+    assert Comparison.adjusted_cells(Family()) == {"x": "0.01235", "y": "0.01235", "z": "0.5"}
 
-    class Later(Family):  # here the exact p sets the larger adjusted value
+    class Later(Family):
         def family(self):
-            return [("x", 2 / 1001, "monte_carlo", 1000, 2), ("y", 0.0123456, "exact", 2**20, 2)]
+            return [("x", 0.001, "exact"), ("y", 2 / 1001, "monte_carlo"), ("z", 0.2, "exact")]
 
-    assert Comparison.holm_cells(Later()) == {"x": "< 0.004", "y": "0.01235"}
+    # y: 2 × 0.001998 = 0.003996, a Monte Carlo value: "≤" and two digits rounded up
+    assert Comparison.adjusted_cells(Later()) == {"x": "0.001", "y": "≤ 0.004", "z": "0.2"}
 
 
 # --- several training seeds per arm --------------------------------------------------------------------
@@ -413,15 +426,22 @@ def test_pooled_test_against_scipy_on_several_seeds(seeded):
         assert d.test.mean_diff == pytest.approx(100 * np.mean(np.subtract(x, y)))
         assert d.test.p_value == pytest.approx(_scipy_paired_p(x, y), abs=1e-12)
         assert [ps[name].test.mean_diff for _, ps in c.per_seed] == pytest.approx(per_seed)
-        spread = c.spread()[name]
-        assert spread.sd == pytest.approx(statistics.stdev(per_seed))
-        assert spread.a_ahead == sum(v > 0 for v in per_seed)
+        level = c.seed_level[name]
+        assert level.diffs_pp == pytest.approx(per_seed)
+        assert level.sd == pytest.approx(statistics.stdev(per_seed))
+        assert level.a_ahead == sum(v > 0 for v in per_seed)
+        # the seed-level test: exact sign-flip over the 3 per-seed differences, against scipy's
+        assert level.test.p_value == pytest.approx(_scipy_paired_p(per_seed, [0.0] * 3), abs=1e-12)
+        assert level.test.p_value >= 0.25  # 3 seeds: 2 / 2^3 is the smallest possible
     report = c.report.read_text()
-    assert (
-        "3 training seeds per arm" in report
-        and "## Per seed" in report
-        and "## Seed-to-seed spread" in report
-    )
+    assert "3 training seeds per arm" in report and "## Per seed" in report
+    # the report leads with the seed-level test; the problem-level test is named for what it covers
+    seed_at = report.index("## Seed-level test: the training run as the unit")
+    assert seed_at < report.index("## Problem-level test, given these checkpoints")
+    assert "A at step 4 against B at step 4, the seed-level test**" in report
+    assert "with 3 seeds the smallest possible two-sided p is 2 / 2^3 = 0.25: below 6 seeds" in report
+    assert c.family()[0][0] == "seeds, A − B, heldout300"
+    assert "- **heldout300**: seeds per arm for 80% power (two-sided α = 0.05)" in report
     assert "band" in report.lower()
 
 
@@ -460,7 +480,9 @@ def test_cli_takes_lists_and_globs(seeded, capsys):
         == 0
     )
     printed = capsys.readouterr().out
-    assert "A: S2 step 4 (3 seeds)" in printed and "per-seed A − B" in printed
+    assert "A: S2 step 4 (3 seeds)" in printed and "A − B per seed (pp; seeds 0, 1, 2)" in printed
+    assert printed.index("exact sign-flip over 3 seeds") < printed.index("given these checkpoints")
+    assert "seeds per arm for 80% power" in printed
     assert (out / "report.md").is_file()
     assert main([f"{root}/S2-s*", f"{root}/S9-s*", "--out", str(out)]) == 2
     assert "matches no run directory" in capsys.readouterr().err
@@ -513,6 +535,23 @@ def test_refuses_recipes_that_differ_beyond_seed_and_arm(seeded):
 
 
 # --- plots ---------------------------------------------------------------------------------------------
+def test_rate_axes_are_scaled_to_their_data(tmp_path):
+    # truncated shares of 5-20 % (issue 28: they were drawn on 0-100 %, and the arms' lines overlapped)
+    def rates(k: int) -> dict:
+        return {"h": [[T]] * k + [[C]] * (20 - k)}
+
+    a = write_run(tmp_path / "A", "S2", {0: rates(1), 1: rates(3), 2: rates(4)})
+    b = write_run(tmp_path / "B", "S0", {0: rates(1), 1: rates(2), 2: rates(2)})
+    sa, sb = load_side("A", a, None), load_side("B", b, None)
+    figs = figures([trajectory(sa), trajectory(sb)], ["h"])
+    lo, hi = figs["Truncation and format-rejection rates per eval step"].axes[0].get_ylim()
+    assert -1 <= lo <= 0 and 20 <= hi < 30
+    lo, hi = figs["Accuracy per eval step"].axes[0].get_ylim()
+    assert 70 < lo <= 80 and 95 <= hi <= 101
+    for fig in figs.values():
+        plt.close(fig)
+
+
 def test_gaps_in_steps_jsonl_break_the_line():
     x, y = break_gaps([1, 2, 4, 5], [0.1, 0.2, 0.4, 0.5])
     assert (
@@ -530,6 +569,12 @@ def test_plots_break_at_missing_rows_and_draw_seed_bands(seeded):
     banded = figures([trajectory(load_side("A", str(root / "S2-s*"), None))], ["heldout300", "fixed32"])
     ax = banded["Accuracy per eval step"].axes[0]
     assert len(ax.collections) == 1 and "mean of 3 seeds" in ax.get_legend_handles_labels()[1][0]
+    seed_lines = [ln for ln in ax.lines if ln.get_gid() == "seed"]
+    assert len(seed_lines) == 3  # each seed a thin line under the mean
+    mean_line = next(ln for ln in ax.lines if ln.get_label().endswith("(mean of 3 seeds)"))
+    per_seed = np.array([ln.get_ydata() for ln in seed_lines])
+    assert mean_line.get_ydata() == pytest.approx(per_seed.mean(0))
+    assert max(ln.get_linewidth() for ln in seed_lines) < mean_line.get_linewidth()
     for fig in [*figs.values(), *banded.values()]:
         plt.close(fig)
 
@@ -543,7 +588,9 @@ def test_a_step_zero_only_run_draws_sane_axes(tmp_path):
     figs = figures([trajectory(c.a), trajectory(c.b)], ["h"])
     acc = figs["Accuracy per eval step"].axes[0]
     lo, hi = acc.get_xlim()
-    assert lo <= -1 and hi >= 1 and list(acc.get_xticks()) == [0] and acc.get_ylim() == (-2, 102)
+    assert lo <= -1 and hi >= 1 and list(acc.get_xticks()) == [0]
+    ylo, yhi = acc.get_ylim()
+    assert -1 <= ylo < 200 / 3 < yhi <= 101  # around the one value (2 of 3 correct), inside 0-100 %
     logp = figs["Median sampled-token logprob per training step"].axes[0]
     assert [t.get_text() for t in logp.texts] == ["no training steps logged"]
     for fig in figs.values():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import permutation_test
 
-from analysis.stats import format_p, holm, peak_decline_test, sign_flip_test
+from analysis.stats import ceil_sig, fixed_sequence_holm, format_p, holm, peak_decline_test, sign_flip_test
 
 
 def scipy_p(x, y, n_resamples=np.inf, rng=0) -> float:
@@ -83,8 +83,11 @@ def test_extreme_data_hand_counted():
     # All differences positive: only the all-plus pattern reaches the observed mean.
     exact = sign_flip_test(np.arange(1.0, 11.0))
     assert exact.p_value == 2 / 2**10
+    # On the lattice: exact at any number of non-zero differences.
+    lattice = sign_flip_test(np.ones(30))
+    assert (lattice.method, lattice.lattice, lattice.p_value) == ("exact", True, 2 / 2**30)
     # Monte Carlo: a random pattern is all-plus with probability 2^-30, so b = 0 and p = 2 / (m + 1).
-    mc = sign_flip_test(np.ones(30), n_resamples=999)
+    mc = sign_flip_test(np.ones(30), n_resamples=999, lattice=False)
     assert mc.method == "monte_carlo" and mc.p_value == 2 / 1000
 
 
@@ -124,13 +127,84 @@ def test_holm_hand_worked():
 
 
 def test_p_values_print_exact_or_as_a_monte_carlo_bound():
-    assert format_p(2 / 100_001, "monte_carlo", 100_000) == "< 2e-05 (Monte Carlo floor)"
-    assert format_p(1 / 1001, "monte_carlo", 1000, tails=1) == "< 0.001 (Monte Carlo floor)"
-    assert format_p(4 / 100_001, "monte_carlo", 100_000) == "4e-05"  # one draw as extreme: an estimate
-    assert format_p(0.012134, "monte_carlo", 100_000) == "0.012"
-    assert format_p(0.59672, "exact", 4096) == "0.5967" and format_p(6.5e-05, "exact", 2**20) == "6.5e-05"
-    mc = sign_flip_test(np.ones(30), n_resamples=999)
-    assert format_p(mc.p_value, mc.method, mc.n_resamples) == "< 0.002 (Monte Carlo floor)"
+    assert format_p(2 / 100_001, "monte_carlo", 100_000) == "≤ 2e-05 (0 of 100,000 draws as extreme)"
+    assert format_p(1 / 1001, "monte_carlo", 1000, tails=1) == "≤ 0.001 (0 of 1,000 draws as extreme)"
+    # issue 28: 2 / 60,001 = 3.33e-05 printed "< 3e-05"; rounded up it is 3.4e-05
+    assert format_p(2 / 60_001, "monte_carlo", 60_000) == "≤ 3.4e-05 (0 of 60,000 draws as extreme)"
+    assert format_p(8 / 100_001, "monte_carlo", 100_000) == "≤ 8e-05 (3 of 100,000 draws as extreme)"
+    assert format_p(0.012134, "monte_carlo", 100_000).startswith("≤ 0.013 (")
+    assert format_p(0.59672, "exact", 4096) == "0.5968" and format_p(6.5e-05, "exact", 2**20) == "6.5e-05"
+    assert format_p(1.0, "exact", 4) == "1" and format_p(1.0, "monte_carlo", 999) == "1"
+    mc = sign_flip_test(np.ones(30), n_resamples=999, lattice=False)
+    assert mc.p_text() == "≤ 0.002 (0 of 999 draws as extreme)"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_no_printed_p_or_bound_is_below_the_value_it_stands_for(seed):
+    rng = np.random.default_rng(seed)
+    values = np.concatenate([10.0 ** rng.uniform(-9, 0, 2000), [0.05, 0.0375, 1 / 3, 2 / 3, 0.99995, 1.0]])
+    for p in values:
+        for digits in (1, 2, 4):
+            assert float(ceil_sig(p, digits)) >= p
+        assert float(format_p(p, "exact", 2**20)) >= p
+    for m in (999, 60_000, 100_000):
+        for b in rng.integers(0, m // 2, 200):
+            p = min(1.0, 2 * (b + 1) / (m + 1))
+            text = format_p(p, "monte_carlo", m)
+            assert float(text.split()[1]) >= p and f"({b:,} of {m:,} draws as extreme)" in text
+    # Adjusted cells as well: every value of a fixed-sequence Holm family, printed, is at least its value
+    ps = list(10.0 ** rng.uniform(-6, 0, 7))
+    for adj, _ in fixed_sequence_holm(ps):
+        assert float(ceil_sig(adj, 2)) >= adj and float(ceil_sig(adj, 4)) >= adj
+
+
+def test_fixed_sequence_holm_hand_worked():
+    # primary 0.03 at the full level; the rest Holm: 0.01 × 3 = 0.03, 0.04 × 2 = 0.08, 0.2; none below 0.03
+    got = fixed_sequence_holm([0.03, 0.01, 0.04, 0.2])
+    assert [adj for adj, _ in got] == pytest.approx([0.03, 0.03, 0.08, 0.2])
+    assert [src for _, src in got] == [0, 1, 2, 3]  # 0.03 = 3 × p[1] (Holm's value, ties keep it)
+    # a primary that fails holds every secondary back
+    assert [adj for adj, _ in fixed_sequence_holm([0.3, 0.001, 0.002])] == pytest.approx([0.3, 0.3, 0.3])
+    assert fixed_sequence_holm([0.2]) == [(0.2, 0)]
+
+
+# --- exact on the lattice ------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", range(6))
+def test_lattice_convolution_matches_full_enumeration(seed):
+    rng = np.random.default_rng(seed)
+    samples = int(rng.choice([1, 3, 8]))
+    k = int(rng.integers(5, 19))
+    d = 100.0 * rng.integers(-samples, samples + 1, k) / samples  # multiples of 100 / L, L = samples
+    d[d == 0] = 100.0
+    lattice, counted = sign_flip_test(d), sign_flip_test(d, lattice=False)
+    assert lattice.lattice and not counted.lattice and counted.method == "exact"
+    assert lattice.p_value == pytest.approx(counted.p_value, abs=1e-12)
+    x, y = np.maximum(d, 0), np.maximum(-d, 0)
+    assert lattice.p_value == pytest.approx(scipy_p(x, y), abs=1e-12)
+
+
+def test_lattice_covers_problems_with_different_numbers_of_pairs():
+    # 6 seeds x 1 sample, some pairs indeterminate: per-problem means over 6, 5 or 4 pairs (L = lcm = 60)
+    rng = np.random.default_rng(4)
+    n_kept = rng.choice([4, 5, 6], 14)
+    d = np.array([100.0 * rng.integers(-n, n + 1) / n for n in n_kept])
+    lattice, counted = sign_flip_test(d), sign_flip_test(d, lattice=False)
+    assert lattice.lattice and lattice.p_value == pytest.approx(counted.p_value, abs=1e-12)
+
+
+def test_seed_card_shaped_case_is_exact_where_it_printed_a_monte_carlo_estimate():
+    # 300 problems, one sample: 81 non-zero differences of ±100 (59 up, 22 down). Exact by the binomial:
+    # p = 2 × P(Binomial(81, 1/2) >= 59).
+    d = np.array([100.0] * 59 + [-100.0] * 22 + [0.0] * 219)
+    res = sign_flip_test(d)
+    exact = 2 * sum(math.comb(81, j) for j in range(59, 82)) / 2**81
+    assert res.lattice and res.method == "exact" and res.p_value == pytest.approx(exact, rel=1e-9)
+    assert res.describe() == "exact, all 2^81 sign patterns (lattice convolution)"
+
+
+def test_off_a_lattice_large_k_is_monte_carlo():
+    d = np.random.default_rng(0).normal(0.3, 1, 40)
+    assert sign_flip_test(d, n_resamples=500).method == "monte_carlo"
 
 
 # --- peak and decline, selection-aware --------------------------------------------------------------------

@@ -336,9 +336,11 @@ def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     kw = {k: v for k, v in STEP_ARGS.items() if k != "use_cpu"}
     cpu = CapGRPOConfig(**kw, use_cpu=True, output_dir=str(tmp_path), groups_per_step=2)
-    assert not generation.compiled_generation(cpu)
+    assert not cpu.resolved_backends().compiled_rollouts
+    assert EvalSpec.from_config(cpu).generation == "eager"
     cpu.use_cpu = False  # the same recipe on the GPU
-    assert generation.compiled_generation(cpu)
+    cpu._decide_backends(world=1, cuda=True)
+    assert cpu.resolved_backends().compiled_rollouts and EvalSpec.from_config(cpu).generation == "compiled"
 
 
 def test_deferred_stop_check_keeps_transformers_rule_and_is_scoped():

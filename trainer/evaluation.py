@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import hashlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,10 +33,11 @@ from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import SYSTEM_PROMPT, render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
-from rewards.grader import grade_batch  # noqa: E402
+from rewards.grader import GraderPool, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
 from rundir.files import summarize, write_eval  # noqa: E402  (the eval files' format lives there)
 from trainer import sharding  # noqa: E402
+from trainer.config import grader_limits  # noqa: E402
 from trainer.generation import (  # noqa: E402
     BACKENDS,
     PROMPT_MULTIPLE,
@@ -83,6 +83,20 @@ class EvalSpec:
             "generation": self.generation,
             "system_prompt": self.system_prompt,
         }
+
+    @classmethod
+    def from_config(cls, args) -> EvalSpec:
+        """A run's spec from its CapGRPOConfig: unset sampling settings are training's (SPEC §5)."""
+        return cls(
+            cap=args.eval_cap or args.max_completion_length,
+            temperature=args.eval_temperature if args.eval_temperature is not None else args.temperature,
+            top_p=args.eval_top_p if args.eval_top_p is not None else args.top_p,
+            seed=args.eval_seed,
+            samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
+            batch_size=args.eval_batch_size,
+            generation=args.resolved_backends().eval_generation,
+            system_prompt=args.system_prompt,
+        )
 
     @classmethod
     def from_run(cls, run: Mapping, where: str = "run.json") -> EvalSpec:
@@ -450,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     run_file = args.run_dir / "run.json"
+    stack = ExitStack()  # the grader pool, closed on every way out
     try:
         run = json.loads(run_file.read_text())
         run_spec = EvalSpec.from_run(run, str(run_file))
@@ -480,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
         tasks_by_set = load_eval_tasks(run, args.run_dir)
         use_vllm = spec.generation == "vllm"
+        grader = grader_name(run.get("grader_version", GRADER_VERSION))  # the run's own grader and limits
+        pool = stack.enter_context(GraderPool(**grader_limits(run.get("config") or {}), grader=grader))
+        grade_fn = pool.grade_batch
         for step in steps:
             start = time.perf_counter()
             path = _checkpoint_dir(run, args.run_dir, step)
@@ -491,8 +509,6 @@ def main(argv: list[str] | None = None) -> int:
                 eos = eos_token_ids(tokenizer, _generation_config(path))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
-            grader = grader_name(run.get("grader_version", GRADER_VERSION))  # the run's own grader
-            grade_fn = functools.partial(grade_batch, grader=grader)
             rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
             cap_suffix = spec.cap if spec.cap != run_spec.cap else None
             out = write_eval(args.run_dir, step, rows, cap_suffix)
@@ -502,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    finally:
+        stack.close()
     return 0
 
 

@@ -338,12 +338,3 @@ def fused_decode(model) -> Iterator[None]:
             ALL_ATTENTION_FUNCTIONS["sdpa"] = local
         _reference.clear()
         _kernel = None
-
-
-def compiled_generation(args) -> bool:
-    """Whether rollouts and evaluation generate at fixed shapes, compiled: by default on one CUDA process
-    without vLLM (config validation refuses it with vLLM or several processes). Asked for on a CPU, the
-    fixed shapes and static cache run eagerly: transformers compiles generation on accelerators only."""
-    if args.compiled_generation is None:  # use_cpu: the model stays on the CPU even where CUDA is present
-        return torch.cuda.is_available() and not args.use_cpu and args.world_size == 1 and not args.use_vllm
-    return args.compiled_generation

@@ -19,9 +19,11 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
+from transformers.utils import logging
 
 from data.prompt import render_prompt
 
+logger = logging.get_logger(__name__)
 CPU_TOKEN_BUDGET = 16384  # tokens per micro-batch on a CPU: memory rarely binds there, op overhead does
 SATURATING_TOKENS = 8192  # a micro-batch this long keeps an H200's matmuls busy: recomputing would cost more
 RESERVE = 0.1  # of device memory, left to the allocator's fragmentation, the CUDA context and generation
@@ -164,4 +166,11 @@ def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float
         rows=rows,
         checkpointing=ckpt,
     )
+    every, completion = bytes_per_token(text, dtype_bytes, ckpt)
+    if (need := rows * (row_tokens * every + args.max_completion_length * completion)) > budget_bytes:
+        logger.warning(
+            "per_device_train_batch_size: %d row(s) of %d tokens need ~%.1f GiB of activations by our estimate, "
+            "%.1f GiB are left: a step of capped rollouts may run out of memory",
+            rows, row_tokens, need / 2**30, budget_bytes / 2**30,
+        )  # fmt: skip
     return MicroBatch(rows, ckpt, row_tokens, f"memory: {math.floor(budget_bytes / 2**30 * 10) / 10} GiB")

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import trainer.config as capgrpo_config
 from data.eval_sets import FIXED, HELDOUT
 from data.snapshot import snapshot_sha256, write_snapshot
 from rewards.grader import Grade
@@ -55,6 +56,17 @@ def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
     assert RecordingPool.built == [{"workers": 3, "timeout_s": 7.5, "memory_mb": 3000, "grader": "v2"}]
     rows = (tmp_path / "results" / "eval_step000.jsonl").read_text().splitlines()
     assert {json.loads(r)["outcome"] for r in rows} == {"wrong"} and len(rows) == 3
+
+
+def test_training_builds_its_pool_from_the_config(tmp_path, monkeypatch):
+    monkeypatch.setattr(capgrpo_config, "GraderPool", RecordingPool)
+    RecordingPool.built.clear()
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none",
+        grader="v2", grader_timeout_s=3.0, grader_memory_mb=512, grader_workers=1,
+    )  # fmt: skip
+    args.grader_pool()
+    assert RecordingPool.built == [{"workers": 1, "timeout_s": 3.0, "memory_mb": 512, "grader": "v2"}]
 
 
 def test_grader_limits_default_to_the_configs(tmp_path):

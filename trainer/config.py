@@ -297,7 +297,7 @@ class CapGRPOConfig(GRPOConfig):
 
     def grader_pool(self) -> GraderPool:
         """The run's grader pool: its limits come from here only (`make eval` reads them from run.json)."""
-        return GraderPool(**grader_limits(json.loads(self.to_json_string())), grader=self.grader)
+        return GraderPool(**grader_limits(vars(self)), grader=self.grader)
 
     def resolved_arm(self) -> Arm:
         """The arm (policy, gate, groups per step) of `arm` and `arms`, as __post_init__ resolved it."""

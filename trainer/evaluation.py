@@ -37,7 +37,7 @@ from rewards.grader import GraderPool, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
 from rundir.files import summarize, write_eval  # noqa: E402  (the eval files' format lives there)
 from trainer import sharding  # noqa: E402
-from trainer.config import grader_limits  # noqa: E402
+from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
 from trainer.generation import (  # noqa: E402
     BACKENDS,
     PROMPT_MULTIPLE,
@@ -50,14 +50,26 @@ from trainer.generation import (  # noqa: E402
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
 
+def _config_default(name: str):
+    """The default of a CapGRPOConfig field: EvalSpec's defaults are the config's, not copies of them."""
+    return CapGRPOConfig.__dataclass_fields__[name].default
+
+
 @dataclass(frozen=True)
 class EvalSpec:
-    cap: int = 8192  # max new tokens; a completion without EOS within it is `truncated`
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 1234  # eval seed: every per-sample seed derives from it
-    samples: Mapping[str, int] = field(default_factory=lambda: {FIXED: 8, HELDOUT: 1})
-    batch_size: int = 64  # transformers backends: part of what fixes the random stream
+    cap: int = _config_default("max_completion_length")  # max new tokens; without EOS within it: `truncated`
+    temperature: float = _config_default("temperature")
+    top_p: float = _config_default("top_p")
+    seed: int = _config_default("eval_seed")  # eval seed: every per-sample seed derives from it
+    samples: Mapping[str, int] = field(
+        default_factory=lambda: {
+            FIXED: _config_default("fixed_samples"),
+            HELDOUT: _config_default("heldout_samples"),
+        }
+    )
+    batch_size: int = _config_default(
+        "eval_batch_size"
+    )  # transformers backends: part of what fixes the stream
     generation: str = "eager"  # the backend (trainer/generation.py): its rows differ from another's
     system_prompt: str = SYSTEM_PROMPT  # the recipe's system message (data/prompt.py)
 

@@ -1,6 +1,7 @@
 """Training micro-batches the trainer sizes itself (trainer/micro_batch.py), on CPU with fake memory budgets."""
 
 import pytest
+import torch
 
 from data.prompt import SYSTEM_PROMPT
 from tests.scripted import G, make_trainer, tiny_random_model
@@ -106,3 +107,34 @@ def test_trainer_sizes_once_and_trains_one_step_in_those_micro_batches(tiny, tmp
     )
     trainer.train()
     assert trainer.state.global_step == 1 and passes == [2] * G  # one generation, G micro-batches of 2
+
+
+def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path, monkeypatch):
+    """The CUDA path with a fake device: 90 % of its memory, less weights, grads and optimizer state (AdamW's
+    two moments on the GPU, none with CPUAdamW), less the kept generation cache and vLLM's share."""
+    _, model = tiny
+    text = model.config.get_text_config()
+    args = config(tmp_path, gradient_checkpointing=False)
+    args.use_cpu = False  # a GPU run, decided on a machine without one
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    trainable = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    row = row_bytes(text, PROMPT + CAP, CAP, False)
+    total = (4.5 * row + weights + 3 * trainable) / (1 - micro_batch.RESERVE)  # room for 4.5 rows with AdamW
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total - 2.5 * row, total))  # another process
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
+    args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization = True, "colocate", 2.5 * row / total
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # the engine's share is not ours
+    args.use_vllm = False
+    args._decide_backends(world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
+    cache = micro_batch.kept_cache_bytes(text, args.problems_per_round * G, PROMPT + CAP, 4)
+    assert (
+        0 < cache
+        and micro_batch.kept_cache_bytes(text, 1, PROMPT + CAP, 4) * args.problems_per_round * G == cache
+    )
+    freed = 2 * trainable - cache  # moments moved to the host, the kept cache added
+    want = next((n for n in (32, 16, 8, 4, 2, 1) if n * row <= 4.5 * row + freed), 1)
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == want != 4

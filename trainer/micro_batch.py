@@ -16,6 +16,7 @@ is within a few percent of the measured peak, and SAFETY covers what it leaves o
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -128,11 +129,13 @@ def cuda_budget(args, model, static_bytes: int) -> float:
 
 def static_bytes(args, model, world: int, cpu_adamw: bool, cache: int) -> int:
     """Weights, grads of the trainable parameters, GPU optimizer state (two moments, none with CPUAdamW) and
-    the kept generation cache; FSDP shards the first three over the processes."""
+    the kept generation cache; FSDP and ZeRO-3 (announced by `accelerate launch`) shard the first three."""
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    sharded = weights + trainable * (1 if cpu_adamw else 3)
-    return sharded // world + cache
+    sharded = any(
+        os.environ.get(f"ACCELERATE_USE_{k}", "false").lower() == "true" for k in ("FSDP", "DEEPSPEED")
+    )
+    return (weights + trainable * (1 if cpu_adamw else 3)) // (world if sharded or args.fsdp else 1) + cache
 
 
 def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float | None = None) -> MicroBatch:

@@ -67,11 +67,10 @@ class EvalSpec:
             HELDOUT: _config_default("heldout_samples"),
         }
     )
-    batch_size: int = _config_default(
-        "eval_batch_size"
-    )  # transformers backends: part of what fixes the stream
+    # transformers backends: the batch size is part of what fixes the random stream
+    batch_size: int = _config_default("eval_batch_size")
     generation: str = "eager"  # the backend (trainer/generation.py): its rows differ from another's
-    system_prompt: str = SYSTEM_PROMPT  # the recipe's system message (data/prompt.py)
+    system_prompt: str = _config_default("system_prompt")  # the recipe's system message (data/prompt.py)
 
     def __post_init__(self):
         if self.cap < 1 or self.batch_size < 1:

@@ -130,11 +130,10 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # the engine's share is not ours
     args.use_vllm = False
     args._decide_backends(world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
-    cache = micro_batch.kept_cache_bytes(text, args.problems_per_round * G, PROMPT + CAP, 4)
-    assert (
-        0 < cache
-        and micro_batch.kept_cache_bytes(text, 1, PROMPT + CAP, 4) * args.problems_per_round * G == cache
-    )
+    # kept caches: the rollouts' (32 rows, prompt width 64 + cap) and the evaluation's (64 rows, 64 + cap)
+    cache = micro_batch.kept_caches_bytes(args, text, PROMPT, 4)
+    per_row = micro_batch.kept_cache_bytes(text, 1, 64 + CAP, 4)
+    assert cache == (args.problems_per_round * G + args.eval_batch_size) * per_row > 0
     freed = 2 * trainable - cache  # moments moved to the host, the kept cache added
     want = next((n for n in (32, 16, 8, 4, 2, 1) if n * row <= 4.5 * row + freed), 1)
     assert micro_batch.size_micro_batch(args, model, PROMPT).rows == want != 4

@@ -6,6 +6,10 @@
     accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2 bench/grpo_step.py \\
         ... --no-plain --out bench_2gpu --compare-with bench_1gpu/grpo_step.json
 
+Ours trains in the micro-batches our trainer sizes (trainer/micro_batch.py) unless --ours-batch / --ours-grad-ckpt
+say otherwise; plain TRL at --batch with checkpointing (its defaults), and with --plain-tuned once more at ours'
+micro-batch and checkpointing, so a ratio against plain-tuned is what our trainer adds beyond those settings.
+
 Per step: seconds in generation, grading, training (log-prob forward + backward of every micro-batch),
 optimizer step, optional eval and checkpoint; tokens generated per second; groups sampled per group
 trained; CUDA graphs recorded (0 once the compiled decode step replays); peak GPU memory. Both trainers get the same model (rebuilt from the same seed), tasks in the same
@@ -17,7 +21,8 @@ hit the cap is `truncated`; any other is `correct` with probability --p-correct,
 --p-format, else `wrong`, drawn from sha256(seed, task id, rollout index in its group, step). A random
 model almost never emits its EOS token, so `--model random-qwen35` declares K extra stop tokens in the
 generation config (real EOS ids to generation and to truncation detection alike), K chosen so that
-about --p-ended of the rollouts end before the cap; K = 0 with --p-ended 0 (every rollout capped). At the
+about --p-ended of the rollouts end before the cap; K = 0 with --p-ended 0 (every rollout capped: the coin then
+grades capped rollouts too, so that groups qualify and both trainers train every row). At the
 defaults K = 168: past ~22 stop ids transformers' EOS test waits for the GPU every token (trainer/generation.py
 `eos_stopped` is ours without the wait; plain TRL keeps transformers').
 """
@@ -65,7 +70,7 @@ from embedded.build import (  # noqa: E402
     qwen35_config,
     sampling_config,
 )
-from policy.arms import ARMS  # noqa: E402
+from policy.arms import ALL_ARMS  # noqa: E402
 from rewards.grader import BatchReport, Grade  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rewards.reward import OutcomeReward  # noqa: E402
@@ -90,11 +95,11 @@ class CoinGrader:
     the reference answer carries the task id (the benchmark's snapshot stores it there, see `bench_tasks`).
     """
 
-    def __init__(self, p_correct, p_format, seed: int, group_size: int, step_fn):
+    def __init__(self, p_correct, p_format, seed: int, group_size: int, step_fn, grade_capped: bool = False):
         if not (0 <= p_correct and 0 <= p_format and p_correct + p_format <= 1):
             raise ValueError(f"--p-correct {p_correct} and --p-format {p_format} must be >= 0, sum <= 1")
         self.p_correct, self.p_format, self.seed, self.group_size = p_correct, p_format, seed, group_size
-        self.step_fn = step_fn
+        self.step_fn, self.grade_capped = step_fn, grade_capped
         self.last_report = BatchReport()  # GraderPool's per-batch report: a coin never fails
         self.seconds = 0.0
         self.outcomes: list[list[Outcome]] = []  # the groups graded since the last `pop_groups`
@@ -110,7 +115,7 @@ class CoinGrader:
         step, grades = self.step_fn(), []
         for row, (task_id, capped) in enumerate(zip(references, truncated, strict=True)):
             u = self.draw(task_id, row % self.group_size, step)
-            if capped:
+            if capped and not self.grade_capped:
                 outcome = Outcome.TRUNCATED
             elif u < self.p_correct:
                 outcome = Outcome.CORRECT
@@ -333,7 +338,7 @@ class Probe(TrainerCallback):
         # every process generated and graded its share: sum the shares
         tokens = sum(gather_object([self.gen_tokens]))
         groups = [g for part in gather_object([self.coin.pop_groups()]) for g in part]
-        policy = ARMS[self.a.arm].policy
+        policy = self.trainer.args.resolved_arm().policy
         record = getattr(self.trainer, "step_record", {}).get("groups")
         sampled = record["sampled"] if record else len(groups)
         seconds = {
@@ -377,7 +382,9 @@ class Probe(TrainerCallback):
         spec = EvalSpec(
             cap=self.a.cap, temperature=1.0, top_p=1.0, seed=1234, samples={"bench": 1}, batch_size=64
         )
-        coin = CoinGrader(self.a.p_correct, self.a.p_format, self.a.seed, 1, lambda: step)
+        coin = CoinGrader(
+            self.a.p_correct, self.a.p_format, self.a.seed, 1, lambda: step, self.a.p_ended == 0
+        )
         model = self.trainer.accelerator.unwrap_model(model)
         generate_eval(
             model, self.trainer.processing_class, self.eval_tasks, spec, "bench", grade_fn=coin.grade_batch
@@ -395,11 +402,18 @@ class Probe(TrainerCallback):
 
 
 # --- the runs ------------------------------------------------------------------------------------------
-def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, tuned: bool) -> CapGRPOConfig:
-    """One config for both trainers: TRL reads its own fields and ignores ours. `tuned`: the training
-    settings given for ours (--ours-batch, --ours-grad-ckpt), which plain TRL can use too (plain-tuned)."""
-    batch = a.ours_batch if tuned and a.ours_batch else a.batch
-    checkpointing = a.ours_grad_ckpt if tuned and a.ours_grad_ckpt is not None else not a.no_grad_ckpt
+def training_settings(a, name: str, runs: dict, on_cuda: bool) -> tuple[int | None, bool | None]:
+    """(micro-batch, checkpointing) of a run. Plain TRL: --batch and --no-grad-ckpt; ours: --ours-batch and
+    --ours-grad-ckpt, unset ones sized by our trainer; plain-tuned: what ours ran with."""
+    if name == "plain":
+        return a.batch, on_cuda and not a.no_grad_ckpt
+    if name == "plain-tuned":
+        return runs["ours"]["settings"]["micro_batch"], runs["ours"]["settings"]["grad_ckpt"]
+    return a.ours_batch, a.ours_grad_ckpt if on_cuda else False
+
+
+def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing) -> CapGRPOConfig:
+    """One config for both trainers: TRL reads its own fields and ignores ours (plain TRL gets both set)."""
     return CapGRPOConfig(
         output_dir=str(out),
         arm=a.arm,
@@ -419,7 +433,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, tuned: bool) -> CapGR
         temperature=1.0,
         shuffle_dataset=False,  # plain TRL then takes the prompts in the task sampler's order
         bf16=on_cuda,
-        gradient_checkpointing=on_cuda and checkpointing,
+        gradient_checkpointing=checkpointing,
         compiled_generation=a.compiled,
         use_cpu=not on_cuda,
         cpu_adamw=a.cpu_adamw,
@@ -441,13 +455,18 @@ def cpu_adamw_for(model, args) -> CPUAdamW:
     )
 
 
-def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, rounds: int) -> dict:
+def run_arm(
+    a, name: str, tasks: list[dict], work: Path, device: torch.device, rounds: int, runs: dict
+) -> dict:
     model, tokenizer = load_model(a, device)
     on_cuda = device.type == "cuda"
-    args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda, tuned=name != "plain")
+    batch, checkpointing = training_settings(a, name, runs, on_cuda)
+    args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda, batch=batch, checkpointing=checkpointing)
     eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
     pool = tasks[: len(tasks) - a.eval_problems]
-    coin = CoinGrader(a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step)
+    coin = CoinGrader(
+        a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step, grade_capped=a.p_ended == 0
+    )
     if name.startswith("plain"):
         order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
         by_id = {t["id"]: t for t in pool}
@@ -456,7 +475,7 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
         )
         eos = model.generation_config.eos_token_id
         reward = OutcomeReward(eos if isinstance(eos, list) else [eos], pool=coin)
-        single = args.cpu_adamw or (args.cpu_adamw is None and on_cuda and args.world_size == 1)
+        single = args.resolved_backends().cpu_adamw
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=[reward],
@@ -489,6 +508,7 @@ def run_arm(a, name: str, tasks: list[dict], work: Path, device: torch.device, r
         "settings": {
             "micro_batch": args.per_device_train_batch_size,
             "grad_ckpt": args.gradient_checkpointing,
+            "micro_batch_basis": getattr(args.resolved_micro_batch(), "basis", "given"),
             "generation": "compiled" if getattr(trainer, "generation_shapes", None) else "trl",
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
@@ -590,7 +610,7 @@ def parse(argv=None):
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--intermediate", type=int, default=6144)
     ap.add_argument("--vocab", type=int, default=248320)
-    ap.add_argument("--arm", default="S2")
+    ap.add_argument("--arm", default="S2", choices=sorted(ALL_ARMS))
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--groups", type=int, default=32, help="groups per step (= problems sampled per step)")
     ap.add_argument("--G", type=int, default=8, help="rollouts per group")
@@ -608,13 +628,16 @@ def parse(argv=None):
     ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
     ap.add_argument("--no-grad-ckpt", action="store_true", help="CUDA: gradient checkpointing off")
     ap.add_argument(
-        "--ours-batch", type=int, default=None, help="ours (and plain-tuned): rows per micro-batch"
+        "--ours-batch",
+        type=int,
+        default=None,
+        help="ours: rows per micro-batch (default: our trainer's sizing)",
     )
     ap.add_argument(
         "--ours-grad-ckpt",
         type=lambda s: {"true": True, "false": False}[s.lower()],
         default=None,
-        help="ours (and plain-tuned): gradient checkpointing (default: as plain)",
+        help="ours, CUDA: gradient checkpointing (default: our trainer's sizing)",
     )
     ap.add_argument(
         "--compiled",
@@ -628,7 +651,9 @@ def parse(argv=None):
         default="kept",
         help="ours, compiled: one static cache kept per shape, or transformers' new cache per call",
     )
-    ap.add_argument("--plain-tuned", action="store_true", help="also plain TRL with ours' training settings")
+    ap.add_argument(
+        "--plain-tuned", action="store_true", help="also plain TRL at ours' micro-batch and checkpointing"
+    )
     ap.add_argument("--plain", action=argparse.BooleanOptionalAction, default=True, help="also plain TRL")
     ap.add_argument(
         "--plain-first", action="store_true", help="run plain TRL first (it then pays the CUDA warm-up)"
@@ -661,8 +686,8 @@ def main(argv=None) -> dict:
     if rank0:
         print(f"environment: {json.dumps(env)}", flush=True)
         print(
-            f"grading: seeded coin (truncated = hit the cap{'; rollouts replaced by seeded ones' if a.coin_rollouts else ''}"
-            f"; else correct with p="
+            f"grading: seeded coin ({'every rollout by the coin (--p-ended 0)' if a.p_ended == 0 else 'truncated = hit the cap'}"
+            f"{'; rollouts replaced by seeded ones' if a.coin_rollouts else ''}; else correct with p="
             f"{a.p_correct}, format_rejected with p={a.p_format}, else wrong)",
             flush=True,
         )
@@ -676,12 +701,12 @@ def main(argv=None) -> dict:
         plan += [("ours-refill", 8)] * a.refill
         for name, rounds in plan:
             t0 = time.perf_counter()
-            runs[name] = run_arm(a, name, tasks, work, device, rounds)
+            runs[name] = run_arm(a, name, tasks, work, device, rounds, runs)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             runs[name]["wall_seconds"] = round(time.perf_counter() - t0, 1)
-            if "plain" in runs and "ours" in runs:
+            if "ours" in runs:
                 for other in ("plain", "plain-tuned"):
                     if other in runs:
                         ratio = {

@@ -54,6 +54,33 @@ def test_coin_grades_truncation_then_the_coin():
     assert len(c.pop_groups()) == 2 and c.pop_groups() == []
 
 
+def test_coin_grades_capped_rollouts_at_p_ended_zero():
+    """--p-ended 0 caps every rollout: the coin then grades them all, so groups still qualify."""
+    capped = [True] * 8
+    plain = coin().grade_batch(["x"] * 8, ["t1"] * 4 + ["t2"] * 4, capped)
+    graded = grpo_step.CoinGrader(0.3, 0.1, 5, G, lambda: 1, grade_capped=True)
+    outcomes = [g.outcome for g in graded.grade_batch(["x"] * 8, ["t1"] * 4 + ["t2"] * 4, capped)]
+    assert {g.outcome.value for g in plain} == {"truncated"}
+    assert outcomes == [
+        g.outcome for g in coin().grade_batch(["x"] * 8, ["t1"] * 4 + ["t2"] * 4, [False] * 8)
+    ]
+
+
+def test_plain_tuned_trains_at_ours_settings():
+    a = grpo_step.parse(["--batch", "4", "--ours-grad-ckpt", "true"])
+    runs = {"ours": {"settings": {"micro_batch": 16, "grad_ckpt": False}}}
+    assert grpo_step.training_settings(a, "plain", runs, on_cuda=True) == (4, True)
+    assert grpo_step.training_settings(a, "plain-tuned", runs, on_cuda=True) == (16, False)
+    assert grpo_step.training_settings(a, "ours", runs, on_cuda=True) == (None, True)  # None: ours sizes it
+    assert grpo_step.training_settings(a, "ours", runs, on_cuda=False) == (None, False)
+
+
+def test_every_arm_is_accepted():
+    assert grpo_step.parse(["--arm", "DAPO-SOFT"]).arm == "DAPO-SOFT"
+    with pytest.raises(SystemExit):
+        grpo_step.parse(["--arm", "S9"])
+
+
 def record(step, qualified, loss, grad_norm):
     return {
         "step": step,
@@ -94,3 +121,17 @@ def test_benchmark_runs_and_matches_itself(tmp_path):
         [*tiny.split(), "--coin-rollouts", "--compare-with", str(tmp_path / "a" / "grpo_step.json")]
     )
     assert second["comparison"]["verdict"] == "MATCH"
+
+
+@pytest.mark.slow
+def test_benchmark_runs_plain_tuned_at_p_ended_zero_for_a_peer_arm(tmp_path):
+    tiny = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --groups 2 --G 4 --cap 16 --steps 1"
+    out = grpo_step.main(
+        [*tiny.split(), "--p-ended", "0", "--arm", "DAPO-SOFT", "--no-plain", "--plain-tuned"]
+    )
+    ours, tuned = out["runs"]["ours"], out["runs"]["plain-tuned"]
+    assert (
+        tuned["settings"]["micro_batch"] == ours["settings"]["micro_batch"]
+        and "ratio_ours_over_plain_tuned" in out
+    )
+    assert ours["steps"][0]["trained"] == ours["steps"][0]["qualified"] > 0  # capped rollouts still train

@@ -336,9 +336,11 @@ def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     kw = {k: v for k, v in STEP_ARGS.items() if k != "use_cpu"}
     cpu = CapGRPOConfig(**kw, use_cpu=True, output_dir=str(tmp_path), groups_per_step=2)
-    assert not generation.compiled_generation(cpu)
+    assert not cpu.resolved_backends().compiled_rollouts
+    assert EvalSpec.from_config(cpu).generation == "eager"
     cpu.use_cpu = False  # the same recipe on the GPU
-    assert generation.compiled_generation(cpu)
+    cpu._decide_backends(world=1, cuda=True)
+    assert cpu.resolved_backends().compiled_rollouts and EvalSpec.from_config(cpu).generation == "compiled"
 
 
 def test_deferred_stop_check_keeps_transformers_rule_and_is_scoped():
@@ -426,8 +428,49 @@ def test_kept_static_cache_is_built_once_and_reset_between_calls(embedded, monke
     wide = model._previous_max_cache_length + shapes.prompt_multiple  # longer than any cache so far
     longer = generation.compiled_config(greedy(pad_token_id=pad), shapes, wide)
     generation.generate_call(model, [prompts[0][:1] * wide], longer, shapes, pad)  # replaces the kept cache
-    assert len(built) == 4 and generation._kept_caches[model][("static", shapes.rows)][1] is built[-1]
+    key = generation.cache_key(model, "static", shapes.rows)
+    assert len(built) == 4 and generation._kept_caches[model][key][1] is built[-1]
     generation._kept_caches.pop(model)
+
+
+def kept_then_fresh(model, prompts, pad, monkeypatch) -> tuple[list, list]:
+    """One call through the kept caches, then the same call with transformers' new cache, same seed."""
+    shapes = generation.FixedShapes(rows=3, prompt_multiple=16, max_new_tokens=NEW)
+    config = generation.compiled_config(greedy(pad_token_id=pad), shapes, max(map(len, prompts)))
+    out = []
+    for keep in (True, False):
+        monkeypatch.setattr(generation, "KEEP_STATIC_CACHE", keep)
+        out.append(generation.generate_call(model, prompts[:3], config, shapes, pad))
+    return out[0], out[1]
+
+
+def test_kept_static_cache_is_kept_per_dtype(monkeypatch):
+    """A cache kept from a float32 call is not handed to a bfloat16 one (its layers hold float32 tensors:
+    the bfloat16 keys would not fit them), and each dtype's call gives a fresh cache's tokens."""
+    tok, model = tiny_random_model()
+    model = model.float().eval()
+    prompts = [tok(f"problem {i} " * (1 + i), add_special_tokens=False)["input_ids"] for i in range(3)]
+    for dtype in (torch.float32, torch.bfloat16, torch.float32):
+        model.to(dtype)
+        kept, fresh = kept_then_fresh(model, prompts, tok.pad_token_id, monkeypatch)
+        assert kept == fresh
+    assert {key[-1] for key in generation._kept_caches[model]} == {torch.float32, torch.bfloat16}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device beside the CPU")
+def test_kept_static_cache_is_kept_per_device(embedded, monkeypatch):
+    """One process generating on the CPU, then CUDA, then the CPU again gets each device's own kept cache."""
+    model, tok, prompts = embedded
+    generation._kept_caches.pop(model, None)
+    try:
+        for device in ("cpu", "cuda", "cpu"):
+            model.to(device)
+            kept, fresh = kept_then_fresh(model, prompts, tok.pad_token_id, monkeypatch)
+            assert kept == fresh, device
+        assert {key[2] for key in generation._kept_caches[model]} == {"cpu", "cuda:0"}
+    finally:
+        model.cpu()
+        generation._kept_caches.pop(model, None)
 
 
 @pytest.mark.parametrize("stops", [1, 3, 169])

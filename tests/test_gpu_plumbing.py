@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 import trl.trainer.grpo_trainer as trl_grpo
-from accelerate import Accelerator
 from trl import ModelConfig, TrlParser, get_peft_config
 
 import trainer.config as capgrpo_config
@@ -144,10 +143,10 @@ def test_transformers_generation_stays_off_vllm(tiny, tmp_path, monkeypatch):
         (True, False, 1, CPUAdamW),
     ],
 )
-def test_cpu_adamw_default(tiny, tmp_path, monkeypatch, cpu_adamw, cuda, processes, expected):
+def test_cpu_adamw_default(tiny, tmp_path, cpu_adamw, cuda, processes, expected):
     trainer = make_trainer(tiny, tmp_path, cpu_adamw=cpu_adamw)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: processes))
+    # what __post_init__ decides on a machine with (or without) CUDA and this many processes
+    trainer.args._decide_backends(world=processes, cuda=cuda)
     trainer.optimizer = None
     optimizer = trainer.create_optimizer()
     assert type(optimizer) is expected

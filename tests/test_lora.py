@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 from trl import GRPOTrainer, ModelConfig
 
+import trainer.config as capgrpo_config
 import trainer.train as train
 from data.snapshot import write_snapshot
 from data.synthetic import generate_tasks
@@ -55,7 +56,8 @@ def train_one_step(tmp_path, monkeypatch):
         return [rollouts[i % G] for i in range(len(prompt_ids))], None
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
-    monkeypatch.setattr(train, "GraderPool", lambda **kw: TextGrader())  # reads the outcome off the text
+    # the run's pool (CapGRPOConfig.grader_pool) reads the outcome off the text
+    monkeypatch.setattr(capgrpo_config, "GraderPool", lambda **kw: TextGrader())
     args = CapGRPOConfig(
         output_dir=str(tmp_path / "run"),
         arm="S2",

@@ -406,3 +406,21 @@ def test_a_full_disk_outside_the_savers_is_one_line_naming_the_file(inputs, caps
         line
         == f"error: {inputs['run'] / 'runs' / 'events.out'}: not written, the disk is full (free some space, then resume)"
     )
+
+
+def test_resume_trains_in_the_runs_recorded_micro_batches(inputs, monkeypatch):
+    """The micro-batch a run chose at its start (run.json launch.micro_batch) is the resume's, set before the
+    model loads, so a resume never re-sizes it (free GPU memory may differ by then)."""
+    run = make_run(inputs)
+    info = json.loads((run / "run.json").read_text())
+    recorded = {"rows": 16, "checkpointing": False, "tokens_per_row": 220, "basis": "explicit"}
+    (run / "run.json").write_text(json.dumps({**info, "launch": {"micro_batch": recorded}}))
+    adopted = []
+    set_micro_batch = CapGRPOConfig.set_micro_batch
+    monkeypatch.setattr(
+        CapGRPOConfig,
+        "set_micro_batch",
+        lambda self, c: adopted.append(c.to_json()) or set_micro_batch(self, c),
+    )
+    accepted(inputs, "--resume", str(run))
+    assert adopted == [recorded]

@@ -3,7 +3,9 @@ whether evaluation or the next step's rollouts ask first. `make test-vllm` runs 
 
 from types import SimpleNamespace
 
-from trainer.train import synced_engine, vllm_evaluates
+from trainer.config import CapGRPOConfig
+from trainer.evaluation import EvalSpec
+from trainer.train import synced_engine
 
 
 class Engine:
@@ -30,8 +32,16 @@ def test_evaluation_pushes_a_steps_weights_once_and_marks_them_for_trl():
     assert synced_engine(trainer_at(step=5, loaded=5, engine=engine)) is engine.llm and engine.pushes == 1
 
 
-def test_only_one_colocated_process_evaluates_on_the_engine():
-    args = dict(use_vllm=True, vllm_mode="colocate", world_size=1)
-    assert vllm_evaluates(SimpleNamespace(**args))
-    for change in ({"vllm_mode": "server"}, {"world_size": 2}, {"use_vllm": False}):
-        assert not vllm_evaluates(SimpleNamespace(**args | change))
+def test_only_one_colocated_process_evaluates_on_the_engine(tmp_path):
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none", max_steps=1
+    )
+    args.use_vllm, args.vllm_mode = True, "colocate"  # vLLM is not installed here: set past __post_init__
+    args._decide_backends(world=1, cuda=True)
+    assert args.resolved_backends().eval_generation == "vllm" == EvalSpec.from_config(args).generation
+    for change, world in (({"vllm_mode": "server"}, 1), ({}, 2), ({"use_vllm": False}, 1)):
+        for name, value in change.items():
+            setattr(args, name, value)
+        args._decide_backends(world=world, cuda=True)
+        assert args.resolved_backends().eval_generation != "vllm"
+        args.use_vllm, args.vllm_mode = True, "colocate"

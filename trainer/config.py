@@ -4,14 +4,17 @@ import importlib.util
 import json
 import os
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+import torch
 from trl import GRPOConfig
 
 from data.prompt import SYSTEM_PROMPT
 from policy.arms import Arm, resolve_arm
+from rewards.grader import GraderPool
 from rewards.outcome import GRADER_VERSIONS
 from trainer.generation import PROMPT_MULTIPLE
+from trainer.micro_batch import MicroBatch
 
 
 def vllm_installed() -> bool:
@@ -20,6 +23,30 @@ def vllm_installed() -> bool:
 
 class ConfigError(ValueError):
     """A recipe or command-line value we refuse; the message starts with the field's name."""
+
+
+@dataclass(frozen=True)
+class Backends:
+    compiled_rollouts: bool  # rollouts generate at fixed shapes, compiled on CUDA (trainer/generation.py)
+    cpu_adamw: bool  # the optimizer is CPUAdamW (trainer/cpu_adamw.py)
+    eval_generation: str  # what in-training evaluation generates with: one of generation.BACKENDS
+
+    def to_json(self) -> dict:
+        """run.json `launch.backends`."""
+        return asdict(self)
+
+
+GRADER_LIMITS = {
+    "grader_workers": "workers",
+    "grader_timeout_s": "timeout_s",
+    "grader_memory_mb": "memory_mb",
+}
+
+
+def grader_limits(config: dict) -> dict:
+    """GraderPool's limits from a config dict (run.json `config`); a field it lacks takes our default."""
+    fields = CapGRPOConfig.__dataclass_fields__
+    return {arg: config.get(name, fields[name].default) for name, arg in GRADER_LIMITS.items()}
 
 
 @dataclass
@@ -102,6 +129,18 @@ class CapGRPOConfig(GRPOConfig):
     cpu_threads: int = field(
         default=1, metadata={"help": "Intra-op threads on CPU-only runs (tiny models run fastest on one)."}
     )
+    # --- training micro-batch (trainer/micro_batch.py): unset, the trainer sizes it at init ---------------
+    per_device_train_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rollouts per training micro-batch (default: sized by the trainer, run.json launch)."
+        },
+    )
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Activation checkpointing (default: decided with the micro-batch).", "nargs": "?",
+                  "const": True},
+    )  # fmt: skip
 
     def __post_init__(self):
         if isinstance(self.arms, str):
@@ -131,11 +170,10 @@ class CapGRPOConfig(GRPOConfig):
         # One optimizer step = exactly groups_per_step × G rollouts, generated once and split into
         # gradient-accumulation micro-batches; the derived sizes below are what TRL's own checks expect.
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        rollouts = self.groups_per_step * (self.num_generations or 8)
-        if rollouts % (world * self.per_device_train_batch_size):
+        rollouts = self.groups_per_step * self.num_generations
+        if rollouts % world:
             raise ConfigError(
-                f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
-                f"process(es) × per_device_train_batch_size={self.per_device_train_batch_size}"
+                f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} processes"
             )
         if self.compiled_generation and (self.use_vllm or world > 1):
             raise ConfigError("compiled_generation: one process generating with transformers only (no vLLM)")
@@ -143,7 +181,12 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"problems_per_round={self.problems_per_round} must be divisible by {world} processes"
             )
-        self.gradient_accumulation_steps = rollouts // (world * self.per_device_train_batch_size)
+        # unset micro-batch or checkpointing: the trainer sizes them (set_micro_batch); until then TRL's checks
+        # see one micro-batch per process, and both read None
+        auto_rows = self.per_device_train_batch_size is None
+        auto_ckpt = self.activation_checkpointing is None and self.gradient_checkpointing is None
+        self._micro_batch = None
+        self._set_accumulation(rollouts // world if auto_rows else self.per_device_train_batch_size, world)
         self.steps_per_generation = None
         self.generation_batch_size = None
         self.logging_steps = 1  # steps.jsonl has one row per optimizer step
@@ -151,16 +194,48 @@ class CapGRPOConfig(GRPOConfig):
         super().__post_init__()
         if self.num_iterations != 1:
             raise ConfigError("num_iterations: must be 1 (each step trains once on freshly selected groups)")
+        if auto_rows:
+            self.per_device_train_batch_size = self.gradient_accumulation_steps = None
+            self.steps_per_generation = None
+        if auto_ckpt:
+            self.activation_checkpointing = self.gradient_checkpointing = None
+        self._decide_backends(world, torch.cuda.is_available())
+
+    def _set_accumulation(self, rows: int, world: int) -> None:
+        rollouts = self.groups_per_step * self.num_generations
+        if rollouts % (world * rows):
+            raise ConfigError(
+                f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
+                f"process(es) × per_device_train_batch_size={rows}"
+            )
+        self.per_device_train_batch_size = rows
+        self.gradient_accumulation_steps = rollouts // (world * rows)
+
+    def set_micro_batch(self, chosen: MicroBatch) -> None:
+        """The trainer's sizing (trainer/micro_batch.py), with the batch arithmetic TRL derives from it."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        self._set_accumulation(chosen.rows, world)
+        self.steps_per_generation = self.gradient_accumulation_steps  # as GRPOConfig derives it
+        self.generation_batch_size = self.groups_per_step * self.num_generations
+        self.activation_checkpointing = self.gradient_checkpointing = chosen.checkpointing
+        self._micro_batch = chosen
+
+    def resolved_micro_batch(self) -> MicroBatch | None:
+        """The micro-batch the trainer chose (None before a trainer was built on this config)."""
+        return self._micro_batch
 
     def validate(self) -> None:
         """Our fields (and the TRL ones we depend on) checked before any model or file is touched."""
         positive = ("groups_per_step", "problems_per_round", "max_sampling_rounds", "max_completion_length",
-                    "per_device_train_batch_size", "eval_batch_size", "fixed_samples", "heldout_samples",
+                    "eval_batch_size", "fixed_samples", "heldout_samples",
                     "grader_workers", "grader_memory_mb", "cpu_threads", "prompt_multiple")  # fmt: skip
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+        rows = self.per_device_train_batch_size
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows <= 0):
+            raise ConfigError(f"per_device_train_batch_size: must be a positive integer, got {rows!r}")
         for name in ("eval_every", "checkpoint_every", "keep_states", "heldout_size", "fixed_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)!r}")
@@ -201,6 +276,28 @@ class CapGRPOConfig(GRPOConfig):
             )
         if self.grader not in GRADER_VERSIONS:  # the command line checks `choices`; a YAML recipe does not
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
+
+    def _decide_backends(self, world: int, cuda: bool) -> None:
+        """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
+        process without vLLM (asked for on a CPU, the fixed shapes and static cache run eagerly: transformers
+        compiles generation on accelerators only), CPUAdamW for single-process GPU runs, and in-training
+        evaluation on the colocated vLLM engine with one process (under FSDP pushing weights is a collective,
+        and only the main process evaluates)."""
+        compiled = self.compiled_generation
+        if compiled is None:  # use_cpu: the model stays on the CPU even where CUDA is present
+            compiled = cuda and not self.use_cpu and world == 1 and not self.use_vllm
+        cpu_adamw = self.cpu_adamw if self.cpu_adamw is not None else cuda and world == 1
+        vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
+        evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"
+        self._backends = Backends(compiled, cpu_adamw, evaluation)
+
+    def resolved_backends(self) -> Backends:
+        """Generation, optimizer and evaluation backends, as __post_init__ decided them."""
+        return self._backends
+
+    def grader_pool(self) -> GraderPool:
+        """The run's grader pool: its limits come from here only (`make eval` reads them from run.json)."""
+        return GraderPool(**grader_limits(vars(self)), grader=self.grader)
 
     def resolved_arm(self) -> Arm:
         """The arm (policy, gate, groups per step) of `arm` and `arms`, as __post_init__ resolved it."""

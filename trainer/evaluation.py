@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import copy
-import functools
 import hashlib
 import json
 import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -34,13 +33,14 @@ from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import SYSTEM_PROMPT, render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
-from rewards.grader import grade_batch  # noqa: E402
+from rewards.grader import GraderPool, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
 from rundir.files import step_dir, summarize, write_eval  # noqa: E402  (the run's files live there)
 from rundir.run_json import RunDirError, read_run_json  # noqa: E402
 from rundir.state import StateError  # noqa: E402
 from rundir.step import verify_step  # noqa: E402
 from trainer import sharding  # noqa: E402
+from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
 from trainer.generation import (  # noqa: E402
     BACKENDS,
     PROMPT_MULTIPLE,
@@ -53,16 +53,27 @@ from trainer.generation import (  # noqa: E402
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
 
+def _config_default(name: str):
+    """The default of a CapGRPOConfig field: EvalSpec's defaults are the config's, not copies of them."""
+    return CapGRPOConfig.__dataclass_fields__[name].default
+
+
 @dataclass(frozen=True)
 class EvalSpec:
-    cap: int = 8192  # max new tokens; a completion without EOS within it is `truncated`
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 1234  # eval seed: every per-sample seed derives from it
-    samples: Mapping[str, int] = field(default_factory=lambda: {FIXED: 8, HELDOUT: 1})
-    batch_size: int = 64  # transformers backends: part of what fixes the random stream
+    cap: int = _config_default("max_completion_length")  # max new tokens; without EOS within it: `truncated`
+    temperature: float = _config_default("temperature")
+    top_p: float = _config_default("top_p")
+    seed: int = _config_default("eval_seed")  # eval seed: every per-sample seed derives from it
+    samples: Mapping[str, int] = field(
+        default_factory=lambda: {
+            FIXED: _config_default("fixed_samples"),
+            HELDOUT: _config_default("heldout_samples"),
+        }
+    )
+    # transformers backends: the batch size is part of what fixes the random stream
+    batch_size: int = _config_default("eval_batch_size")
     generation: str = "eager"  # the backend (trainer/generation.py): its rows differ from another's
-    system_prompt: str = SYSTEM_PROMPT  # the recipe's system message (data/prompt.py)
+    system_prompt: str = _config_default("system_prompt")  # the recipe's system message (data/prompt.py)
 
     def __post_init__(self):
         if self.cap < 1 or self.batch_size < 1:
@@ -86,6 +97,20 @@ class EvalSpec:
             "generation": self.generation,
             "system_prompt": self.system_prompt,
         }
+
+    @classmethod
+    def from_config(cls, args) -> EvalSpec:
+        """A run's spec from its CapGRPOConfig: unset sampling settings are training's (SPEC §5)."""
+        return cls(
+            cap=args.eval_cap or args.max_completion_length,
+            temperature=args.eval_temperature if args.eval_temperature is not None else args.temperature,
+            top_p=args.eval_top_p if args.eval_top_p is not None else args.top_p,
+            seed=args.eval_seed,
+            samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
+            batch_size=args.eval_batch_size,
+            generation=args.resolved_backends().eval_generation,
+            system_prompt=args.system_prompt,
+        )
 
     @classmethod
     def from_run(cls, run: Mapping, where: str = "run.json") -> EvalSpec:
@@ -454,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     run_file = args.run_dir / "run.json"
+    stack = ExitStack()  # the grader pool, closed on every way out
     try:
         run = read_run_json(args.run_dir)
         run_spec = EvalSpec.from_run(run, str(run_file))
@@ -484,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
         steps = [int(s) for s in args.steps.split(",") if s.strip()]
         tasks_by_set = load_eval_tasks(run, args.run_dir)
         use_vllm = spec.generation == "vllm"
+        grader = grader_name(run.get("grader_version", GRADER_VERSION))  # the run's own grader and limits
+        pool = stack.enter_context(GraderPool(**grader_limits(run.get("config") or {}), grader=grader))
+        grade_fn = pool.grade_batch
         for step in steps:
             start = time.perf_counter()
             path = _checkpoint_dir(run, args.run_dir, step)
@@ -495,8 +524,6 @@ def main(argv: list[str] | None = None) -> int:
                 eos = eos_token_ids(tokenizer, _generation_config(path))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
-            grader = grader_name(run.get("grader_version", GRADER_VERSION))  # the run's own grader
-            grade_fn = functools.partial(grade_batch, grader=grader)
             rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
             cap_suffix = spec.cap if spec.cap != run_spec.cap else None
             out = write_eval(args.run_dir, step, rows, cap_suffix)
@@ -506,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, StateError, RunDirError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    finally:
+        stack.close()
     return 0
 
 

@@ -102,12 +102,19 @@ def generate_call(
     return generated[: len(prompts), width:].tolist()
 
 
-_kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {shape: (length, cache)}
+_kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: (length, cache)}
+
+
+def cache_key(model, cache_implementation: str, batch_size: int) -> tuple:
+    """What a kept cache's tensors depend on besides the model's config and their length: the static cache
+    allocates its layers lazily from the first keys and values it stores, on their device and in their dtype
+    (the model's), so a cache kept from a CPU or float32 call cannot serve a CUDA or bfloat16 one."""
+    return cache_implementation, batch_size, str(model.device), model.dtype
 
 
 @contextlib.contextmanager
 def kept_static_cache(model) -> Iterator[None]:
-    """For the call, generate's static cache is the one kept for its shape, reset, where it would be new.
+    """For the call, generate's static cache is the one kept for its `cache_key`, reset, where it'd be new.
 
     transformers (5.17-5.24) builds a new StaticCache for every generate call. Its tensors are marked static:
     the captured CUDA graphs read them at their addresses, so a cache allocated elsewhere makes torch
@@ -122,7 +129,7 @@ def kept_static_cache(model) -> Iterator[None]:
         if args:  # transformers 5.17-5.24 call it by keywords; any other call gets its own cache
             return build(*args, **kwargs)
         length = max(kwargs["max_cache_len"], getattr(model, "_previous_max_cache_length", -1))
-        shape = (kwargs["cache_implementation"], kwargs["batch_size"])
+        shape = cache_key(model, kwargs["cache_implementation"], kwargs["batch_size"])
         if shape in kept and kept[shape][0] == length:
             kept[shape][1].reset()  # zeroes every layer's tensors in place
         else:  # a longer cache replaces a shorter one: transformers never asks for less again
@@ -331,12 +338,3 @@ def fused_decode(model) -> Iterator[None]:
             ALL_ATTENTION_FUNCTIONS["sdpa"] = local
         _reference.clear()
         _kernel = None
-
-
-def compiled_generation(args) -> bool:
-    """Whether rollouts and evaluation generate at fixed shapes, compiled: by default on one CUDA process
-    without vLLM (config validation refuses it with vLLM or several processes). Asked for on a CPU, the
-    fixed shapes and static cache run eagerly: transformers compiles generation on accelerators only."""
-    if args.compiled_generation is None:  # use_cpu: the model stays on the CPU even where CUDA is present
-        return torch.cuda.is_available() and not args.use_cpu and args.world_size == 1 and not args.use_vllm
-    return args.compiled_generation

@@ -32,7 +32,7 @@ from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import generation
+from trainer import generation, micro_batch
 from trainer.checkpoint import import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
@@ -73,6 +73,10 @@ class CapGRPOTrainer(GRPOTrainer):
         self.policy.check(args.max_completion_length, args.loss_type)
         eos = model.generation_config.eos_token_id
         self.outcome_reward = OutcomeReward(eos if isinstance(eos, list) else [eos], pool=grader)
+        if args.resolved_micro_batch() is None:  # sized once, before TRL reads the batch arithmetic
+            problems = [t["problem"] for t in tasks.values()]
+            longest = micro_batch.longest_prompt(kwargs["processing_class"], problems, args.system_prompt)
+            args.set_micro_batch(micro_batch.size_micro_batch(args, model, longest))
         super().__init__(
             model=model,
             reward_funcs=[self.outcome_reward],
@@ -82,7 +86,7 @@ class CapGRPOTrainer(GRPOTrainer):
         )
         self.outcome_reward.eos_token_ids = frozenset(self.eos_token_ids)  # TRL adds the tokenizer's EOS
         self.generation_shapes = None  # None: TRL's generation path
-        if generation.compiled_generation(args):
+        if args.resolved_backends().compiled_rollouts:
             rows = args.generation_rows or args.problems_per_round * self.num_generations
             self.generation_shapes = generation.FixedShapes(
                 rows, args.prompt_multiple, args.max_completion_length
@@ -347,9 +351,7 @@ class CapGRPOTrainer(GRPOTrainer):
 
     # --- optimizer: CPU-offloaded AdamW for single-process GPU runs (SPEC §6) -----------------------------
     def uses_cpu_adamw(self) -> bool:
-        if self.args.cpu_adamw is None:
-            return torch.cuda.is_available() and self.accelerator.num_processes == 1
-        return self.args.cpu_adamw
+        return self.args.resolved_backends().cpu_adamw  # decided once, in the config
 
     def create_optimizer(self, model=None):
         if not self.uses_cpu_adamw():

@@ -26,7 +26,6 @@ from data.atomic import DiskFullError, is_disk_full
 from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
-from rewards.grader import GraderPool
 from rundir.files import RunFileError
 from rundir.lock import RunLock, RunLockedError
 from rundir.resume import interrupted, rewind
@@ -43,8 +42,8 @@ from rundir.state import StateError, remove_interrupted_saves
 from trainer.checkpoint import CheckpointCallback, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
-from trainer.generation import compiled_generation
 from trainer.grpo import CapGRPOTrainer
+from trainer.micro_batch import MicroBatch
 from trainer.steps_log import StepsLog
 
 REFUSALS = (ConfigError, RunDirError, RunLockedError, RunFileError, StateError, DiskFullError, SnapshotError)
@@ -107,12 +106,6 @@ def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, sn
     return event
 
 
-def vllm_evaluates(args: CapGRPOConfig) -> bool:
-    """In-training evaluation runs on the colocated engine with one process (under FSDP pushing weights is a
-    collective, and only the main process evaluates)."""
-    return args.use_vllm and args.vllm_mode == "colocate" and args.world_size == 1
-
-
 def synced_engine(trainer: CapGRPOTrainer):
     """The colocated vLLM engine holding the weights of this step: pushed as TRL pushes them before a step's
     first rollout, and marked so, so that the next step's rollouts do not push them again."""
@@ -134,6 +127,8 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     if args.resume:
         event = resume_event(run_dir, args, model_args, snapshot)
         resume = load_resume_state(run_dir, args)
+        if chosen := read_run_json(run_dir).get("launch", {}).get("micro_batch"):
+            args.set_micro_batch(MicroBatch(**chosen))  # a resume trains in the run's own micro-batches
     else:
         refuse_non_empty(run_dir)
         event, resume = None, None
@@ -148,16 +143,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
 
-    spec = EvalSpec(
-        cap=args.eval_cap or args.max_completion_length,
-        temperature=args.eval_temperature if args.eval_temperature is not None else args.temperature,
-        top_p=args.eval_top_p if args.eval_top_p is not None else args.top_p,
-        seed=args.eval_seed,
-        samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
-        batch_size=args.eval_batch_size,
-        generation="vllm" if vllm_evaluates(args) else "compiled" if compiled_generation(args) else "eager",
-        system_prompt=args.system_prompt,
-    )
+    spec = EvalSpec.from_config(args)
     main_process = args.process_index == 0
     if main_process and resume is None:
         write_run_json(
@@ -176,12 +162,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         record_resume(
             run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
         )
-    grader = GraderPool(
-        workers=args.grader_workers,
-        timeout_s=args.grader_timeout_s,
-        memory_mb=args.grader_memory_mb,
-        grader=args.grader,
-    )
+    grader = args.grader_pool()
     trainer = CapGRPOTrainer(
         model,
         args,
@@ -203,6 +184,8 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
                 "optimizer": "CPUAdamW"
                 if trainer.uses_cpu_adamw()
                 else str(getattr(args.optim, "value", args.optim)),
+                "backends": args.resolved_backends().to_json(),
+                "micro_batch": args.resolved_micro_batch().to_json(),  # decided at trainer init
             },
         )
     eval_cb = None
@@ -215,7 +198,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
             tokenizer=tokenizer,
             grade_fn=grader.grade_batch,
             log_fn=trainer.log_eval_metrics,
-            llm_fn=(lambda: synced_engine(trainer)) if vllm_evaluates(args) else None,
+            llm_fn=(lambda: synced_engine(trainer)) if spec.generation == "vllm" else None,
         )
     # The Trainer calls callbacks in the order added, and a step's end goes: train time closed (StepsLog), then
     # evaluation (EvalCallback), then the row with both (StepsLog.on_log), then saving (CheckpointCallback),

@@ -1,0 +1,139 @@
+"""Training micro-batches the trainer sizes itself (trainer/micro_batch.py), on CPU with fake memory budgets."""
+
+import pytest
+import torch
+
+from data.prompt import SYSTEM_PROMPT
+from tests.scripted import G, make_trainer, tiny_random_model
+from trainer import micro_batch
+from trainer.config import CapGRPOConfig, ConfigError
+from trainer.grpo import CapGRPOTrainer
+
+PROMPT, CAP = 40, 24
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_random_model()
+
+
+def row_bytes(text, tokens: int, cap: int, checkpointing: bool) -> float:
+    every, completion = micro_batch.bytes_per_token(text, 4, checkpointing)  # float32
+    return tokens * every + cap * completion
+
+
+def config(tmp_path, **kw) -> CapGRPOConfig:
+    base = dict(output_dir=str(tmp_path), num_generations=G, groups_per_step=8, max_completion_length=CAP)
+    return CapGRPOConfig(**base | kw, use_cpu=True, bf16=False, report_to="none", max_steps=1)
+
+
+def test_a_fake_budget_gets_the_largest_micro_batch_that_fits(tiny, tmp_path):
+    _, model = tiny
+    text = model.config.get_text_config()
+    args = config(tmp_path)  # 32 rollouts: micro-batches of 32, 16, 8, 4, 2 or 1
+    assert args.per_device_train_batch_size is None and args.gradient_checkpointing is None
+    plain, recomputed = (row_bytes(text, PROMPT + CAP, CAP, c) for c in (False, True))
+    assert recomputed < plain / 2  # checkpointing keeps one layer's input, not its activations
+    budget = 4.5 * plain
+    chosen = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=budget)
+    # 4 rows of 64 tokens without checkpointing are far below SATURATING_TOKENS: recomputing buys more rows
+    want = max(n for n in (32, 16, 8, 4, 2, 1) if n * recomputed <= budget)
+    assert want > 4 and (chosen.rows, chosen.checkpointing) == (want, True)
+    assert chosen.tokens_per_row == PROMPT + CAP
+    args.gradient_checkpointing = False  # given: the micro-batch is sized under it
+    assert micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=budget).rows == 4
+    longer = config(tmp_path, gradient_checkpointing=False, max_completion_length=4 * CAP)
+    assert micro_batch.size_micro_batch(longer, model, PROMPT, budget_bytes=budget).rows == 1  # longer: fewer
+
+
+def test_given_settings_win(tiny, tmp_path):
+    _, model = tiny
+    tight = 1.5 * row_bytes(model.config.get_text_config(), PROMPT + CAP, CAP, False)
+    args = config(tmp_path, per_device_train_batch_size=16, gradient_checkpointing=False)
+    chosen = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=tight)
+    assert (chosen.rows, chosen.checkpointing, chosen.basis) == (16, False, "explicit")
+    rows_only = config(tmp_path, per_device_train_batch_size=16)
+    chosen = micro_batch.size_micro_batch(rows_only, model, PROMPT, budget_bytes=tight)
+    assert (chosen.rows, chosen.checkpointing) == (16, True)  # 16 rows do not fit without checkpointing
+    roomy = micro_batch.size_micro_batch(rows_only, model, PROMPT, budget_bytes=100 * tight)
+    assert (roomy.rows, roomy.checkpointing) == (16, False)
+
+
+def test_saturating_micro_batch_skips_checkpointing():
+    def per_token(checkpointing):
+        return (1.0, 0.0) if checkpointing else (4.0, 0.0)
+
+    # without checkpointing 2 rows of 8192 tokens fit: enough to keep a GPU busy, no recomputation
+    assert micro_batch.choose(64, 8192, 100, per_token, 2.5 * 4 * 8192) == (2, False)
+    # 2 rows of 100 tokens would leave it idle: checkpointing fits 8
+    assert micro_batch.choose(64, 100, 100, per_token, 2.5 * 4 * 100) == (8, True)
+    # not even one row fits: one row, checkpointed (the estimate is conservative)
+    assert micro_batch.choose(64, 100, 100, per_token, 1.0) == (1, True)
+
+
+def test_the_choice_sets_trls_batch_arithmetic(tmp_path):
+    args = config(tmp_path)
+    args.set_micro_batch(micro_batch.MicroBatch(8, False, 64, "test"))
+    rollouts = 8 * G
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, rollouts // 8)
+    assert args.steps_per_generation == rollouts // 8 and args.generation_batch_size == rollouts
+    assert args.activation_checkpointing is args.gradient_checkpointing is False
+    with pytest.raises(ConfigError, match="per_device_train_batch_size=3"):
+        args.set_micro_batch(micro_batch.MicroBatch(3, False, 64, "test"))
+
+
+def test_trainer_sizes_once_and_trains_one_step_in_those_micro_batches(tiny, tmp_path, monkeypatch):
+    """On a CPU the token budget decides; one optimizer step then runs exactly its micro-batches."""
+    tok, _ = tiny
+    script = {"p1": "CWCW", "p2": "CWWC"}
+    trainer = make_trainer(tiny, tmp_path, monkeypatch, "S2", script, per_device_train_batch_size=None)
+    chosen = trainer.args.resolved_micro_batch()
+    assert chosen.basis == f"cpu: {micro_batch.CPU_TOKEN_BUDGET} tokens" and chosen.rows == 2 * G  # all fit
+    longest = micro_batch.longest_prompt(tok, ["problem p1"], SYSTEM_PROMPT)
+    assert chosen.tokens_per_row == longest + trainer.args.max_completion_length
+
+    monkeypatch.setattr(micro_batch, "CPU_TOKEN_BUDGET", 2 * chosen.tokens_per_row)  # 2 rows a micro-batch
+    trainer = make_trainer(
+        tiny, tmp_path / "small", monkeypatch, "S2", script, per_device_train_batch_size=None
+    )
+    assert trainer.args.per_device_train_batch_size == 2 and trainer.args.gradient_accumulation_steps == G
+    assert trainer.args.resolved_micro_batch() is trainer.args.resolved_micro_batch()
+    passes = []
+    loss = CapGRPOTrainer._compute_loss
+    monkeypatch.setattr(
+        CapGRPOTrainer,
+        "_compute_loss",
+        lambda self, m, inputs: passes.append(len(inputs["prompt_ids"])) or loss(self, m, inputs),
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1 and passes == [2] * G  # one generation, G micro-batches of 2
+
+
+def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path, monkeypatch):
+    """The CUDA path with a fake device: 90 % of its memory, less weights, grads and optimizer state (AdamW's
+    two moments on the GPU, none with CPUAdamW), less the kept generation cache and vLLM's share."""
+    _, model = tiny
+    text = model.config.get_text_config()
+    args = config(tmp_path, gradient_checkpointing=False)
+    args.use_cpu = False  # a GPU run, decided on a machine without one
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    trainable = sum(p.numel() * 4 for p in model.parameters() if p.requires_grad)
+    row = row_bytes(text, PROMPT + CAP, CAP, False)
+    total = (4.5 * row + weights + 3 * trainable) / (1 - micro_batch.RESERVE)  # room for 4.5 rows with AdamW
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total - 2.5 * row, total))  # another process
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
+    args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization = True, "colocate", 2.5 * row / total
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # the engine's share is not ours
+    args.use_vllm = False
+    args._decide_backends(world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
+    # kept caches: the rollouts' (32 rows, prompt width 64 + cap) and the evaluation's (64 rows, 64 + cap)
+    cache = micro_batch.kept_caches_bytes(args, text, PROMPT, 4)
+    per_row = micro_batch.kept_cache_bytes(text, 1, 64 + CAP, 4)
+    assert cache == (args.problems_per_round * G + args.eval_batch_size) * per_row > 0
+    freed = 2 * trainable - cache  # moments moved to the host, the kept cache added
+    want = next((n for n in (32, 16, 8, 4, 2, 1) if n * row <= 4.5 * row + freed), 1)
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == want != 4

@@ -1,0 +1,100 @@
+"""Settings decided once, in the config: the backends and the grader limits, in training and in `make eval`."""
+
+import json
+
+import pytest
+
+import trainer.config as capgrpo_config
+from data.eval_sets import FIXED, HELDOUT
+from data.snapshot import snapshot_sha256, write_snapshot
+from rewards.grader import Grade
+from rewards.outcome import GRADER_VERSIONS, Outcome
+from tests.scripted import tiny_random_model
+from trainer import evaluation
+from trainer.config import CapGRPOConfig, grader_limits
+
+TASKS = [{"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(3)]
+
+
+class RecordingPool:
+    """Stands in for GraderPool: records the limits it was built with; every completion is wrong."""
+
+    built: list[dict] = []
+
+    def __init__(self, **kwargs):
+        RecordingPool.built.append(kwargs)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def grade_batch(self, completions, references, truncated):
+        return [Grade(Outcome.WRONG, None) for _ in completions]
+
+
+def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
+    """`python -m trainer.evaluation` builds its pool from run.json's config, as training built its own."""
+    tok, model = tiny_random_model()
+    snapshot = tmp_path / "tasks.json"
+    write_snapshot(TASKS, snapshot)
+    spec = evaluation.EvalSpec(cap=4, temperature=1.0, top_p=1.0, seed=1, samples={FIXED: 1, HELDOUT: 1})
+    run = {
+        "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
+        "base_model": "unused: load_checkpoint is replaced",
+        "eval_sets": {FIXED: ["t0"], HELDOUT: ["t1", "t2"]},
+        "eval": spec.to_json(),
+        "grader_version": GRADER_VERSIONS["v2"],
+        "config": {"grader_workers": 3, "grader_timeout_s": 7.5, "grader_memory_mb": 3000},
+    }
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    monkeypatch.setattr(evaluation, "GraderPool", RecordingPool)
+    monkeypatch.setattr(evaluation, "load_checkpoint", lambda path, device: (model.float(), tok))
+    RecordingPool.built.clear()
+    assert evaluation.main([str(tmp_path), "--steps", "0", "--device", "cpu"]) == 0
+    assert RecordingPool.built == [{"workers": 3, "timeout_s": 7.5, "memory_mb": 3000, "grader": "v2"}]
+    rows = (tmp_path / "results" / "eval_step000.jsonl").read_text().splitlines()
+    assert {json.loads(r)["outcome"] for r in rows} == {"wrong"} and len(rows) == 3
+
+
+def test_training_builds_its_pool_from_the_config(tmp_path, monkeypatch):
+    monkeypatch.setattr(capgrpo_config, "GraderPool", RecordingPool)
+    RecordingPool.built.clear()
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none",
+        grader="v2", grader_timeout_s=3.0, grader_memory_mb=512, grader_workers=1,
+    )  # fmt: skip
+    args.grader_pool()
+    assert RecordingPool.built == [{"workers": 1, "timeout_s": 3.0, "memory_mb": 512, "grader": "v2"}]
+
+
+def test_grader_limits_default_to_the_configs(tmp_path):
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none"
+    )
+    ours = {
+        "workers": args.grader_workers,
+        "timeout_s": args.grader_timeout_s,
+        "memory_mb": args.grader_memory_mb,
+    }
+    assert grader_limits({}) == ours == grader_limits(json.loads(args.to_json_string()))
+    assert ours == {"workers": 2, "timeout_s": 10.0, "memory_mb": 2048}  # an old run.json without them
+
+
+@pytest.mark.parametrize(
+    ("fields", "cuda", "world", "want"),
+    [
+        ({}, False, 1, (False, False, "eager")),  # CPU
+        ({}, True, 1, (True, True, "compiled")),  # one GPU
+        ({}, True, 2, (False, False, "eager")),  # several GPUs: FSDP2 shards plain AdamW
+        ({"use_cpu": True}, True, 1, (False, True, "eager")),  # a CPU recipe on a GPU machine
+        ({"compiled_generation": True, "cpu_adamw": False}, False, 1, (True, False, "compiled")),
+    ],
+)
+def test_backends_are_decided_once_in_the_config(tmp_path, fields, cuda, world, want):
+    args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", **fields)
+    args._decide_backends(world=world, cuda=cuda)  # what __post_init__ decides on such a machine
+    b = args.resolved_backends()
+    assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation) == want
+    assert b.to_json() == dict(zip(("compiled_rollouts", "cpu_adamw", "eval_generation"), want))

@@ -1,0 +1,194 @@
+"""Training micro-batches the trainer sizes itself: rows per micro-batch and activation checkpointing.
+
+Decided once, at trainer init (`size_micro_batch`), for the longest rollout a step can hold: the longest
+prompt of the training pool plus `max_completion_length`, so a step of capped rollouts cannot run out of
+memory where a step of short ones fitted. A setting given in the recipe or on the command line wins.
+- CUDA: the largest micro-batch (a divisor of the process's rollouts) whose estimated activation memory fits
+  the device's memory less the weights, grads, GPU optimizer state, the kept generation cache and vLLM's
+  share; without checkpointing when that micro-batch holds at least SATURATING_TOKENS tokens (or is as large
+  as checkpointing would allow), else with it.
+- CPU: the largest micro-batch within CPU_TOKEN_BUDGET tokens, without checkpointing.
+The per-token estimate (`bytes_per_token`) counts each decoder layer's saved activations and the vocabulary
+rows of the log-softmax over every completion token; on the 1.8B benchmark model (docs/PERFORMANCE.md) it is
+9 % under the one measured peak, 10 % over it with SAFETY.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+from transformers.utils import logging
+
+from data.prompt import render_prompt
+from trainer.generation import PROMPT_MULTIPLE
+
+logger = logging.get_logger(__name__)
+CPU_TOKEN_BUDGET = 16384  # tokens per micro-batch on a CPU: memory rarely binds there, op overhead does
+SATURATING_TOKENS = 8192  # a micro-batch this long keeps an H200's matmuls busy: recomputing would cost more
+RESERVE = 0.1  # of device memory, left to the allocator's fragmentation, the CUDA context and generation
+SAFETY = 1.2  # on the per-token estimate
+VOCAB_BYTES = 16  # per completion token and vocabulary entry: logits, their tempered copy, grads, log-softmax
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    rows: int  # per_device_train_batch_size
+    checkpointing: bool
+    tokens_per_row: int  # the longest rollout: longest prompt + max_completion_length
+    basis: str  # why: "explicit", the CPU token budget, or the CUDA memory estimate
+
+    def to_json(self) -> dict:
+        """run.json `launch.micro_batch`."""
+        return asdict(self)
+
+
+def bytes_per_token(text_config, dtype_bytes: int, checkpointing: bool) -> tuple[float, float]:
+    """(bytes every token of a row holds, bytes every completion token holds on top) during a training pass.
+
+    A decoder layer keeps ~16 hidden-size and 3 intermediate-size values per token for its backward (norms,
+    projections, residuals, the MLP's gate, up and product); with checkpointing only its input, while one
+    layer at a time is recomputed in full."""
+    hidden, layers = text_config.hidden_size, text_config.num_hidden_layers
+    intermediate = getattr(text_config, "intermediate_size", None) or 4 * hidden
+    layer = (16 * hidden + 3 * intermediate) * dtype_bytes
+    per_token = (layers * hidden * dtype_bytes + layer) if checkpointing else layers * layer
+    return per_token * SAFETY, text_config.vocab_size * VOCAB_BYTES * SAFETY
+
+
+def kept_cache_bytes(text_config, rows: int, length: int, dtype_bytes: int) -> int:
+    """The compiled generation's kept static cache (trainer/generation.py): keys and values of the full-
+    attention layers, and each linear-attention layer's recurrent state (float32), for `rows` sequences."""
+    layers = text_config.num_hidden_layers
+    types = getattr(text_config, "layer_types", None) or ["full_attention"] * layers
+    heads = text_config.num_attention_heads
+    head_dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // heads
+    kv = 2 * getattr(text_config, "num_key_value_heads", heads) * head_dim * dtype_bytes * length
+    value_heads = getattr(text_config, "linear_num_value_heads", 0) or 0
+    state = value_heads * (getattr(text_config, "linear_key_head_dim", 0) or 0) * 4
+    state *= getattr(text_config, "linear_value_head_dim", 0) or 0
+    per_row = sum(kv if t == "full_attention" else state for t in types)
+    return rows * per_row
+
+
+def kept_caches_bytes(args, text_config, max_prompt_tokens: int, dtype_bytes: int) -> int:
+    """The static caches compiled generation keeps between calls (one per row count, as long as its longest
+    call: prompt width rounded up to its bucket + new tokens): the rollouts', and the evaluation's."""
+    if not args.resolved_backends().compiled_rollouts:
+        return 0
+
+    def width(multiple: int) -> int:
+        return -(-max_prompt_tokens // multiple) * multiple
+
+    rows = args.generation_rows or args.problems_per_round * args.num_generations
+    lengths = {rows: width(args.prompt_multiple) + args.max_completion_length}
+    if args.resolved_backends().eval_generation == "compiled" and args.eval_every > 0:
+        evaluation = width(PROMPT_MULTIPLE) + (args.eval_cap or args.max_completion_length)
+        lengths[args.eval_batch_size] = max(lengths.get(args.eval_batch_size, 0), evaluation)
+    return sum(kept_cache_bytes(text_config, n, length, dtype_bytes) for n, length in lengths.items())
+
+
+def divisors_down(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def choose(
+    rollouts: int,
+    row_tokens: int,
+    completion_tokens: int,
+    per_token,
+    budget_bytes: float,
+    *,
+    rows: int | None = None,
+    checkpointing: bool | None = None,
+) -> tuple[int, bool]:
+    """(rows, checkpointing) for `rollouts` rows per process within `budget_bytes` of activation memory.
+
+    `per_token(checkpointing)` gives bytes_per_token's pair; `rows` / `checkpointing` fix what was given."""
+
+    def fits(n: int, ckpt: bool) -> bool:
+        every, completion = per_token(ckpt)
+        return n * (row_tokens * every + completion_tokens * completion) <= budget_bytes
+
+    def largest(ckpt: bool) -> int | None:
+        return next((n for n in divisors_down(rollouts) if fits(n, ckpt)), None)
+
+    if rows is not None:
+        return rows, checkpointing if checkpointing is not None else not fits(rows, False)
+    if checkpointing is not None:
+        return largest(checkpointing) or 1, checkpointing
+    plain, recomputed = largest(False), largest(True)
+    if plain and (plain * row_tokens >= SATURATING_TOKENS or plain >= (recomputed or 0)):
+        return plain, False
+    return recomputed or 1, True
+
+
+def longest_prompt(tokenizer, problems, system: str, candidates: int = 16) -> int:
+    """Tokens of the longest prompt as rendered for the model (`data.prompt.render_prompt`), tokenizing only the
+    `candidates` longest problems by bytes (a real pool holds tens of thousands; a token is at least one byte,
+    so the longest prompt is among them unless tokens per byte vary widely)."""
+    top = sorted(problems, key=lambda p: len(p.encode()), reverse=True)[:candidates]
+    rendered = (render_prompt(tokenizer, p, system) for p in top)
+    return max(len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in rendered)
+
+
+def cuda_budget(args, model, static_bytes: int) -> float:
+    """Bytes left for activations on this process's GPU: its free memory (plus what the model already holds
+    there), less RESERVE, vLLM's colocated share, and the static footprint."""
+    free, total = torch.cuda.mem_get_info()
+    held = sum(p.numel() * p.element_size() for p in model.parameters() if p.is_cuda)
+    usable = min(free + held, total * (1 - RESERVE))
+    if args.use_vllm and args.vllm_mode == "colocate":
+        usable -= total * args.vllm_gpu_memory_utilization
+    return usable - static_bytes
+
+
+def static_bytes(args, model, world: int, cpu_adamw: bool, cache: int) -> int:
+    """Weights, grads of the trainable parameters, GPU optimizer state (two moments, none with CPUAdamW) and
+    the kept generation cache; FSDP and ZeRO-3 (announced by `accelerate launch`) shard the first three."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    sharded = any(
+        os.environ.get(f"ACCELERATE_USE_{k}", "false").lower() == "true" for k in ("FSDP", "DEEPSPEED")
+    )
+    return (weights + trainable * (1 if cpu_adamw else 3)) // (world if sharded or args.fsdp else 1) + cache
+
+
+def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float | None = None) -> MicroBatch:
+    """The micro-batch of this run (see the module docstring); `budget_bytes` stands in for the device's
+    activation budget (tests), which a CPU run otherwise does not have."""
+    world = max(1, args.world_size)
+    rollouts = args.groups_per_step * args.num_generations // world
+    rows, ckpt = args.per_device_train_batch_size, args.gradient_checkpointing
+    row_tokens = max_prompt_tokens + args.max_completion_length
+    if rows is not None and ckpt is not None:
+        return MicroBatch(rows, ckpt, row_tokens, "explicit")
+    text = model.config.get_text_config()
+    dtype_bytes = next(model.parameters()).element_size()
+    on_cuda = torch.cuda.is_available() and not args.use_cpu
+    if budget_bytes is None and not on_cuda:
+        fits = [n for n in divisors_down(rollouts) if n * row_tokens <= CPU_TOKEN_BUDGET] or [1]
+        return MicroBatch(rows or fits[0], bool(ckpt), row_tokens, f"cpu: {CPU_TOKEN_BUDGET} tokens")
+    if budget_bytes is None:
+        cache = kept_caches_bytes(args, text, max_prompt_tokens, dtype_bytes)
+        static = static_bytes(args, model, world, args.resolved_backends().cpu_adamw, cache)
+        budget_bytes = cuda_budget(args, model, static)
+    rows, ckpt = choose(
+        rollouts,
+        row_tokens,
+        args.max_completion_length,
+        lambda c: bytes_per_token(text, dtype_bytes, c),
+        budget_bytes,
+        rows=rows,
+        checkpointing=ckpt,
+    )
+    every, completion = bytes_per_token(text, dtype_bytes, ckpt)
+    if (need := rows * (row_tokens * every + args.max_completion_length * completion)) > budget_bytes:
+        logger.warning(
+            "per_device_train_batch_size: %d row(s) of %d tokens need ~%.1f GiB of activations by our estimate, "
+            "%.1f GiB are left: a step of capped rollouts may run out of memory",
+            rows, row_tokens, need / 2**30, budget_bytes / 2**30,
+        )  # fmt: skip
+    return MicroBatch(rows, ckpt, row_tokens, f"memory: {math.floor(budget_bytes / 2**30 * 10) / 10} GiB")

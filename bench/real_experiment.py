@@ -325,9 +325,87 @@ def pack(work: Path, out: Path) -> Path:
     return archive
 
 
+# --- the report's tables, from the committed rows (docs/experiment-real/README.md) ---------------------
+DOCS = ROOT / "docs/experiment-real"
+
+
+def _steps(run: Path) -> list[dict]:
+    from rundir.files import read_jsonl
+
+    return read_jsonl(run / "results/steps.jsonl")
+
+
+def seed_table(where: Path, step: int = 2) -> str:
+    """Exploratory, seed-level: the shares of the sampled training rollouts at `step` (after step - 1 updates)
+    per training seed, S2 - S0, with the exact sign-flip test over the seeds (the training run as the unit)."""
+    import statistics
+
+    from analysis.stats import sign_flip_test
+
+    lines = [
+        "| seed | format-rejected S0 | S2 | S2 - S0 (pp) | correct S0 | S2 | S2 - S0 (pp) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    diffs: dict[str, list[float]] = {"format_rejected": [], "correct": []}
+    for seed in SEEDS:
+        cells = []
+        for outcome in diffs:
+            share = {}
+            for arm in ARMS:
+                row = next(r for r in _steps(where / f"smollm2-{arm}-s{seed}") if r["step"] == step)
+                share[arm] = 100 * row["outcomes_sampled"][outcome] / sum(row["outcomes_sampled"].values())
+            diffs[outcome].append(share["S2"] - share["S0"])
+            cells += [f"{share['S0']:.1f}%", f"{share['S2']:.1f}%", f"{diffs[outcome][-1]:+.1f}"]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    summary = []
+    for outcome, d in diffs.items():
+        t = sign_flip_test(d)
+        summary.append(f"{outcome}: mean {statistics.mean(d):+.1f} pp, SD {statistics.stdev(d):.1f} pp over "
+                       f"{len(d)} seeds, exact sign-flip p = {t.p_text()} ({t.describe()})")  # fmt: skip
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in summary) + "\n"
+
+
+def trajectory_table(where: Path, seed: int = 0) -> str:
+    """One seed per arm: evaluation at every evaluated step, and the training rows' entropy and logprob."""
+    from rundir.files import Run
+
+    lines = [
+        "| step | S0 heldout300 | S2 heldout300 | S0 fixed32 | S2 fixed32 | format-rejected on heldout S0 / S2 | "
+        "median length S0 / S2 | entropy S0 / S2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    runs = {arm: Run(where / f"smollm2-{arm}-s{seed}") for arm in ARMS}
+    entropy = {arm: {r["step"]: r["entropy_mean"] for r in _steps(run.dir)} for arm, run in runs.items()}
+    for step in sorted(set(runs["S0"].evaluated()) | set(runs["S2"].evaluated())):
+        cell = {}
+        for arm, run in runs.items():
+            held, fixed = run.score(step, "heldout300"), run.score(step, "fixed32")
+            ent = entropy[arm].get(step)
+            cell[arm] = (
+                (f"{held.accuracy:.1%}", f"{fixed.accuracy:.1%}", f"{held.rate('format_rejected'):.1%}",
+                 f"{held.median_tokens:g}", f"{ent:.3f}" if ent is not None else "–")
+                if held else ("–",) * 5
+            )  # fmt: skip
+        a, b = cell["S0"], cell["S2"]
+        lines.append(
+            f"| {step} | {a[0]} | {b[0]} | {a[1]} | {b[1]} | {a[2]} / {b[2]} | {a[3]} / {b[3]} | {a[4]} / {b[4]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def report(where: Path = DOCS) -> str:
+    """The README's tables, recomputed from the committed rows."""
+    return (
+        "### Training seeds 0-5, step 2 (launch 2, exploratory)\n\n"
+        + seed_table(where / "attempt2")
+        + "\n### Seed 0, every evaluation (launch 3, exploratory)\n\n"
+        + trajectory_table(where / "runs")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/real_experiment.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("base", "train"))
+    ap.add_argument("command", choices=("base", "train", "report"))
     ap.add_argument("--work", type=Path, default=ROOT / "artifacts/real-experiment")
     ap.add_argument("--out", type=Path, default=None, help="what comes back (default $OUT, else <work>/out)")
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF (default: the installed package's)")
@@ -337,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = args.out or Path(os.environ.get("OUT") or args.work / "out")
     work = args.work.resolve()
+    if args.command == "report":
+        print(report(), end="")
+        return 0
     if args.command == "base":
         return base(work, out, args.gguf, args.smoke)
     return train(work, out, args.budget_s, args.smoke, tuple(int(s) for s in args.seeds.split(",")))

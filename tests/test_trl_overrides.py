@@ -70,9 +70,30 @@ def test_every_private_override_is_recorded():
     assert not {n for n in clashes if hasattr(torch.optim.Optimizer, n)}
 
 
+# TRL attributes CapGRPOTrainer reads (or, `_last_loaded_step`, also sets), with the assignment TRL 1.16's
+# GRPOTrainer.__init__ makes: a release that renames or reshapes one fails here, naming it.
+ATTRIBUTES = {
+    "_metrics": 'self._metrics = {"train": defaultdict(list), "eval": defaultdict(list)}',  # our capgrpo/* join
+    "_last_loaded_step": "self._last_loaded_step = -1",  # the step whose weights vLLM holds (synced_vllm_engine)
+    "vllm_generation": "self.vllm_generation = VLLMGeneration(",  # its sync_weights() and llm
+    "eos_token_ids": "self.eos_token_ids = eos_token_ids",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTRIBUTES))
+def test_trl_attribute_we_read_is_still_assigned_as_recorded(name):
+    import sys
+
+    source = inspect.getsource(sys.modules[GRPOTrainer.__module__])
+    assert ATTRIBUTES[name] in source, f"TRL's GRPOTrainer no longer assigns {name} as {ATTRIBUTES[name]!r}"
+    if name == "_last_loaded_step":  # and compares it before pushing weights, which our mark relies on
+        assert "if self.state.global_step != self._last_loaded_step:" in source
+
+
 def test_our_trainer_attributes_do_not_shadow_trls():
     """An attribute of ours named like one of TRL's or the Trainer's would silently replace theirs (TRL keeps
-    its generation counter in `self._step`); `optimizer` is the one we mean to set (create_optimizer)."""
+    its generation counter in `self._step`); `optimizer` (create_optimizer) and `_last_loaded_step`
+    (synced_vllm_engine marks the step's weights pushed, as TRL does) are the ones we mean to set."""
     import re
     import sys
 
@@ -85,4 +106,4 @@ def test_our_trainer_attributes_do_not_shadow_trls():
     theirs = set()
     for module in (sys.modules[GRPOTrainer.__module__], transformers.trainer):
         theirs |= set(assigned.findall(inspect.getsource(module)))
-    assert ours & theirs == {"optimizer"}, sorted(ours & theirs)
+    assert ours & theirs == {"optimizer", "_last_loaded_step"}, sorted(ours & theirs)

@@ -1,11 +1,13 @@
-"""In-training vLLM evaluation (trainer/train.py `synced_engine`): the engine gets each step's weights once,
+"""In-training vLLM evaluation (`CapGRPOTrainer.synced_vllm_engine`): the engine gets each step's weights once,
 whether evaluation or the next step's rollouts ask first. `make test-vllm` runs it on a real engine."""
 
 from types import SimpleNamespace
 
 from trainer.config import CapGRPOConfig
 from trainer.evaluation import EvalSpec
-from trainer.train import synced_engine
+from trainer.grpo import CapGRPOTrainer
+
+synced_engine = CapGRPOTrainer.synced_vllm_engine  # called on a stand-in trainer
 
 
 class Engine:

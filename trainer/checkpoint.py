@@ -37,6 +37,7 @@ from rundir.state import (
 )
 from rundir.step import mark_verified, step_verified, verify_step, write_manifest
 from trainer import sharding
+from trainer.callbacks import export_callback_state
 from trainer.cpu_adamw import CPUAdamW
 
 logger = logging.get_logger(__name__)
@@ -173,6 +174,9 @@ def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
         logger.warning("stateNNN/ is not written under DeepSpeed: exact resume needs 1 process, DDP or FSDP2")
         return None
     tensors, opt_meta = export_optimizer(trainer)
+    callback_tensors, callback_meta = export_callback_state(
+        trainer
+    )  # e.g. BEMA's averages (trainer/callbacks.py)
     rng = gather_object([capture_rng_state()])  # one entry per process, in process order
     if not acc.is_main_process:
         return None
@@ -187,10 +191,11 @@ def save_state_dir(trainer, run_dir: Path, step: int) -> Path | None:
         "rng": rng,
         "scheduler": trainer.lr_scheduler.state_dict(),
         "optimizer": opt_meta,
+        "callbacks": callback_meta,
     }
     target = save_state(
         state_dir(run_dir, step),
-        tensors=tensors,
+        tensors=tensors | callback_tensors,
         meta=meta,
         extra_json={"trainer_state.json": dataclasses.asdict(trainer.state)},  # as TrainerState.save_to_json
     )
@@ -250,7 +255,12 @@ class CheckpointCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         step = state.global_step
-        if not logs or "loss" not in logs or not is_checkpoint_step(step, args):
+        # a callback that stops training (control.should_training_stop) gets its last step saved
+        if (
+            not logs
+            or "loss" not in logs
+            or not (is_checkpoint_step(step, args) or control.should_training_stop)
+        ):
             return
         t0 = time.perf_counter()
         save_weights(self.trainer, step_dir(self.run_dir, step))

@@ -126,6 +126,13 @@ class CapGRPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "Resume from the newest complete state even when a newer one is broken (named)."},
     )
+    callbacks: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "Trainer callbacks: import paths (trl.BEMACallback, my_pkg.mod:MyCallback), keyword "
+            "arguments as {path: {...}} in YAML or 'path={json}' (trainer/callbacks.py)."
+        },
+    )
     cpu_threads: int = field(
         default=1, metadata={"help": "Intra-op threads on CPU-only runs (tiny models run fastest on one)."}
     )

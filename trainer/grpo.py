@@ -33,7 +33,7 @@ from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
 from trainer import generation, micro_batch
-from trainer.checkpoint import import_optimizer, load_masters_into_model
+from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
@@ -65,7 +65,17 @@ class StepRollouts:
 
 
 class CapGRPOTrainer(GRPOTrainer):
-    def __init__(self, model, args: CapGRPOConfig, *, tasks: dict[str, dict], sampler, grader, **kwargs):
+    def __init__(
+        self,
+        model,
+        args: CapGRPOConfig,
+        *,
+        tasks: dict[str, dict],
+        sampler,
+        grader,
+        resume: Resume | None = None,
+        **kwargs,
+    ):
         self.tasks = tasks  # task id -> {"problem", "answer", ...} of the training pool
         self.task_sampler = sampler
         self.arm = args.resolved_arm()
@@ -96,7 +106,10 @@ class CapGRPOTrainer(GRPOTrainer):
         self._selected: StepRollouts | None = None  # set while TRL scores the selected rollouts, else None
         self._train_started: float | None = None  # when the step's batch was ready (its `seconds.train`)
         self._step_logps: list[torch.Tensor] = []
-        self._resume: tuple[dict, dict] | None = None  # (tensors, meta) of the stateNNN/ being resumed
+        self._last_logps: torch.Tensor | None = None  # the latest loss pass's, for _compute_loss
+        # the stateNNN/ being resumed (train.py's load_resume_state verified it), its (tensors, meta)
+        self.resume_state = resume.state if resume is not None else None
+        self._resume = (resume.tensors, resume.meta) if self.resume_state is not None else None
 
     # --- selection ----------------------------------------------------------------------------------
     def _sample_round(self, task_ids: list[str]) -> list[Group]:
@@ -334,6 +347,14 @@ class CapGRPOTrainer(GRPOTrainer):
         if not everything.numel():
             return {"logprob_median": None, "logprob_mean": None}
         return {"logprob_median": everything.median().item(), "logprob_mean": everything.mean().item()}
+
+    def synced_vllm_engine(self):
+        """The colocated vLLM engine holding this step's weights (in-training evaluation): pushed as TRL pushes
+        them before a step's first rollout, and marked so, so that the step's rollouts do not push them again."""
+        if self.state.global_step != self._last_loaded_step:
+            self.vllm_generation.sync_weights()
+            self._last_loaded_step = self.state.global_step
+        return self.vllm_generation.llm
 
     # --- cards and the Hub: the run directory is the unit we publish (SPEC §8) ----------------------------
     def create_model_card(self, *args, **kwargs):

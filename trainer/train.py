@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import transformers
@@ -39,7 +40,8 @@ from rundir.run_json import (
     write_run_json,
 )
 from rundir.state import StateError, remove_interrupted_saves
-from trainer.checkpoint import CheckpointCallback, load_resume_state
+from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
+from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.grpo import CapGRPOTrainer
@@ -106,32 +108,115 @@ def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, sn
     return event
 
 
-def synced_engine(trainer: CapGRPOTrainer):
-    """The colocated vLLM engine holding the weights of this step: pushed as TRL pushes them before a step's
-    first rollout, and marked so, so that the next step's rollouts do not push them again."""
-    if trainer.state.global_step != trainer._last_loaded_step:
-        trainer.vllm_generation.sync_weights()
-        trainer._last_loaded_step = trainer.state.global_step
-    return trainer.vllm_generation.llm
+class Launch(NamedTuple):
+    callbacks: list[CallbackEntry]  # the recipe's, resolved
+    snapshot: dict  # {"path", "sha256"}
+    resume: Resume | None  # None: a new run
+    event: dict | None  # the resume event for run.json
+
+
+def check_launch(args: CapGRPOConfig, model_args: ModelConfig) -> Launch:
+    """Every refusal, before anything is written or loaded: inputs and callbacks, then for a resume the
+    run.json comparison and the state it picks (every hash verified), else an empty output_dir. A resume
+    adopts the run's own micro-batch (run.json launch.micro_batch)."""
+    run_dir = Path(args.output_dir)
+    check_inputs(args, model_args)
+    callbacks = resolve_callbacks(args.callbacks)
+    snapshot = {"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)}
+    if not args.resume:
+        refuse_non_empty(run_dir)
+        return Launch(callbacks, snapshot, None, None)
+    event = resume_event(run_dir, args, model_args, snapshot)
+    resume = load_resume_state(run_dir, args)
+    if resume.state is not None:
+        refuse_unsaved_state(callbacks, resume.meta.get("callbacks"))
+    if chosen := read_run_json(run_dir).get("launch", {}).get("micro_batch"):
+        args.set_micro_batch(MicroBatch(**chosen))  # a resume trains in the run's own micro-batches
+    return Launch(callbacks, snapshot, resume, event)
+
+
+def record_launch(
+    run_dir: Path, args, model_args, trainer, arch, snapshot, eval_sets, spec, callbacks
+) -> None:
+    """A new run's run.json, with the launch as the accelerator sees it (FSDP shows only there)."""
+    write_run_json(
+        run_dir,
+        args,
+        base_model=model_args.model_name_or_path,
+        architecture=arch,
+        snapshot=snapshot,
+        eval_sets=eval_sets,
+        eval_spec=spec.to_json(),
+    )
+    acc = trainer.accelerator
+    update_run_json(
+        run_dir,
+        launch={
+            "num_processes": acc.num_processes,
+            "distributed_type": acc.distributed_type.value,
+            # the optimizer that runs (`optim` is TrainingArguments' field, which CPUAdamW replaces)
+            "optimizer": "CPUAdamW"
+            if trainer.uses_cpu_adamw()
+            else str(getattr(args.optim, "value", args.optim)),
+            "backends": args.resolved_backends().to_json(),
+            "micro_batch": args.resolved_micro_batch().to_json(),  # decided at trainer init
+        },
+        callbacks=[c.to_json() for c in callbacks],
+    )
+
+
+def record_resume_start(run_dir: Path, resume: Resume, event: dict) -> None:
+    """A resume's start: dead saves' temp files removed, the event appended to run.json, and the rows of
+    steps past the state dropped (they are redone, identically; a state-less run restarts)."""
+    for d in remove_interrupted_saves(run_dir) + remove_interrupted_saves(run_dir / "results"):
+        logger.warning("removed %s (a save interrupted before it completed)", d)
+    state = resume.state.name if resume.state else None
+    record_resume(
+        run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
+    )
+    rewind(run_dir, after=resume.meta["step"])
+
+
+def evaluation_callback(trainer, args, tasks: dict, eval_sets, spec: EvalSpec, grader) -> EvalCallback | None:
+    if args.eval_every <= 0:
+        return None
+    return EvalCallback(
+        Path(args.output_dir),
+        {FIXED: [tasks[t] for t in eval_sets.fixed], HELDOUT: [tasks[t] for t in eval_sets.heldout]},
+        spec,
+        eval_every=args.eval_every,
+        tokenizer=trainer.processing_class,
+        grade_fn=grader.grade_batch,
+        log_fn=trainer.log_eval_metrics,
+        llm_fn=trainer.synced_vllm_engine if spec.generation == "vllm" else None,
+    )
+
+
+def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resume | None) -> None:
+    """Ours, after the recipe's: the Trainer calls callbacks in the order added, and a step's end goes: train
+    time closed (StepsLog), then evaluation (EvalCallback), then the row with both (StepsLog.on_log), then
+    saving (CheckpointCallback), whose duration the next row reports. The recipe's callbacks come first, so
+    one that stops training in on_step_end or on_log has its last step saved."""
+    saver = CheckpointCallback(trainer, run_dir, base_dir=base)
+    trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb, checkpoint_callback=saver))
+    if eval_cb is not None:
+        trainer.add_callback(eval_cb)
+    trainer.add_callback(saver)
+    if (
+        resume is not None and resume.state is not None
+    ):  # last: after BEMA's on_train_begin builds its buffers
+        trainer.add_callback(RestoreCallbackState(trainer, resume.tensors, resume.meta.get("callbacks", {})))
 
 
 def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=()) -> CapGRPOTrainer:
+    """`extra_callbacks`: callback objects of a Python caller, beside the recipe's `callbacks:`."""
     run_dir = Path(args.output_dir)
     if not torch.cuda.is_available():
         # The embedded model is op-overhead bound: on 2 shared cores one thread generates ~5x faster.
         torch.set_num_threads(args.cpu_threads)
-    # Every refusal comes before anything is written: checks, then the run.json comparison, then a resume
-    # verifies every hash of the state it picks.
-    check_inputs(args, model_args)
-    snapshot = {"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)}
-    if args.resume:
-        event = resume_event(run_dir, args, model_args, snapshot)
-        resume = load_resume_state(run_dir, args)
-        if chosen := read_run_json(run_dir).get("launch", {}).get("micro_batch"):
-            args.set_micro_batch(MicroBatch(**chosen))  # a resume trains in the run's own micro-batches
-    else:
-        refuse_non_empty(run_dir)
-        event, resume = None, None
+    launch = check_launch(args, model_args)
+    callbacks, resume = launch.callbacks, launch.resume
+    early = [c.build() for c in callbacks if not c.needs_trainer]  # a failing constructor: before the model
     if args.world_size > 1:  # no process writes before every process has checked
         PartialState().wait_for_everyone()
 
@@ -142,26 +227,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     )
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
-
     spec = EvalSpec.from_config(args)
-    main_process = args.process_index == 0
-    if main_process and resume is None:
-        write_run_json(
-            run_dir,
-            args,
-            base_model=model_args.model_name_or_path,
-            architecture=arch,
-            snapshot=snapshot,
-            eval_sets=eval_sets,
-            eval_spec=spec.to_json(),
-        )
-    elif main_process:
-        for d in remove_interrupted_saves(run_dir) + remove_interrupted_saves(run_dir / "results"):
-            logger.warning("removed %s (a save interrupted before it completed)", d)
-        state = resume.state.name if resume.state else None
-        record_resume(
-            run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
-        )
     grader = args.grader_pool()
     trainer = CapGRPOTrainer(
         model,
@@ -171,49 +237,18 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         grader=grader,
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
-        callbacks=list(extra_callbacks),
+        callbacks=[*early, *extra_callbacks],
+        resume=resume,
     )
-    if main_process and resume is None:  # the accelerator's view: FSDP shows only here, not in PartialState
-        acc = trainer.accelerator
-        update_run_json(
-            run_dir,
-            launch={
-                "num_processes": acc.num_processes,
-                "distributed_type": acc.distributed_type.value,
-                # the optimizer that runs (`optim` is TrainingArguments' field, which CPUAdamW replaces)
-                "optimizer": "CPUAdamW"
-                if trainer.uses_cpu_adamw()
-                else str(getattr(args.optim, "value", args.optim)),
-                "backends": args.resolved_backends().to_json(),
-                "micro_batch": args.resolved_micro_batch().to_json(),  # decided at trainer init
-            },
-        )
-    eval_cb = None
-    if args.eval_every > 0:
-        eval_cb = EvalCallback(
-            run_dir,
-            {FIXED: [tasks[t] for t in eval_sets.fixed], HELDOUT: [tasks[t] for t in eval_sets.heldout]},
-            spec,
-            eval_every=args.eval_every,
-            tokenizer=tokenizer,
-            grade_fn=grader.grade_batch,
-            log_fn=trainer.log_eval_metrics,
-            llm_fn=(lambda: synced_engine(trainer)) if spec.generation == "vllm" else None,
-        )
-    # The Trainer calls callbacks in the order added, and a step's end goes: train time closed (StepsLog), then
-    # evaluation (EvalCallback), then the row with both (StepsLog.on_log), then saving (CheckpointCallback),
-    # whose duration the next row reports.
-    saver = CheckpointCallback(trainer, run_dir, base_dir=Path(model_args.model_name_or_path))
-    trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb, checkpoint_callback=saver))
-    if eval_cb is not None:
-        trainer.add_callback(eval_cb)
-    trainer.add_callback(saver)
-    trainer.resume_state = None
-    if resume is not None:  # rows of steps past the state are redone (identically); a state-less run restarts
-        if resume.state is not None:
-            trainer.resume_state, trainer._resume = resume.state, (resume.tensors, resume.meta)
-        if main_process:
-            rewind(run_dir, after=resume.meta["step"])
+    for c in callbacks:  # in the recipe's order, after the early ones (which need no trainer)
+        if c.needs_trainer:
+            trainer.add_callback(c.build(trainer))
+    if args.process_index == 0 and resume is None:
+        record_launch(run_dir, args, model_args, trainer, arch, launch.snapshot, eval_sets, spec, callbacks)
+    elif args.process_index == 0:
+        record_resume_start(run_dir, resume, launch.event)
+    eval_cb = evaluation_callback(trainer, args, tasks, eval_sets, spec, grader)
+    add_run_callbacks(trainer, run_dir, Path(model_args.model_name_or_path), eval_cb, resume)
     return trainer
 
 

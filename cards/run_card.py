@@ -133,6 +133,7 @@ def build_run_card(run: Run, control: Path | str | None, repo_id: str | None) ->
         **metadata.common_context(run),
         model_name=model_name,
         snapshot=run.meta.get("snapshot", {}),
+        callbacks=run.meta.get("callbacks", []),  # the recipe's, as train.py resolved them
         set_shapes=[
             f"{n} × {k} sample{'s' * (k != 1)}"
             for n, k in sorted(run.meta["eval"].get("samples", {}).items())

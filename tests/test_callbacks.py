@@ -1,9 +1,37 @@
-"""Stock TRL/Trainer callbacks and a `report_to` backend see our per-step metrics."""
+"""Callbacks under CapGRPOTrainer (trainer/callbacks.py, docs/training.md "Reusing TRL callbacks"): entries of
+`callbacks:` / `--callbacks` resolved or refused by name before the model loads; every TRL 1.16 callback class
+runs or is refused with its reason; stock callbacks and a `report_to` backend see our per-step metrics; a
+user callback from a module path; callback state saved in stateNNN/ and restored; a stopping callback."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
+from safetensors.torch import load_file
 from scripted import make_trainer, tiny_random_model
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from trl.trainer.callbacks import RichProgressCallback
+from transformers import AutoTokenizer
+from trl.trainer.callbacks import BEMACallback, RichProgressCallback, SyncRefModelCallback
+
+from rundir.state import StateError, load_state
+from trainer import train
+from trainer.callbacks import (
+    FrozenSafeBEMACallback,
+    export_callback_state,
+    refuse_unsaved_state,
+    resolve_callbacks,
+    restore_callback_state,
+)
+from trainer.config import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
 
 OURS = (
     "capgrpo/groups/qualified",
@@ -58,3 +86,333 @@ def test_rich_progress_and_tensorboard_receive_capgrpo_metrics(tmp_path, monkeyp
     tags = set(acc.Tags()["scalars"])
     assert {f"train/{k}" for k in OURS} <= tags, sorted(tags)
     assert [e.step for e in acc.Scalars("train/capgrpo/groups/qualified")] == [1, 2]
+
+
+# --- entries: resolved, or refused by name before the model loads ----------------------------------------
+def test_entries_resolve_from_every_form():
+    got = resolve_callbacks(
+        [
+            "trl.RichProgressCallback",
+            {"trl.BEMACallback": {"update_freq": 2}},
+            'tests.callback_examples:StopAtStep={"step": 3}',
+            {"tests.callback_examples:HookLog": {"path": "x.jsonl"}},
+        ]
+    )
+    assert [e.to_json() for e in got] == [
+        {"path": "trl.RichProgressCallback", "class": "trl.trainer.callbacks.RichProgressCallback",
+         "kwargs": {}, "state": "none"},
+        {"path": "trl.BEMACallback", "class": "trainer.callbacks.FrozenSafeBEMACallback",
+         "kwargs": {"update_freq": 2}, "state": "tensors"},
+        {"path": "tests.callback_examples:StopAtStep", "class": "tests.callback_examples.StopAtStep",
+         "kwargs": {"step": 3}, "state": "attributes"},
+        {"path": "tests.callback_examples:HookLog", "class": "tests.callback_examples.HookLog",
+         "kwargs": {"path": "x.jsonl"}, "state": "unsaved"},
+    ]  # fmt: skip
+    assert [e.needs_trainer for e in got] == [False, False, False, True]
+    assert resolve_callbacks("trl.BEMACallback")[0].cls is FrozenSafeBEMACallback  # a bare string: one entry
+
+
+@pytest.mark.parametrize(
+    "entry, says",
+    [
+        (
+            "no_such_pkg.mod:Thing",
+            "callbacks: no_such_pkg.mod:Thing: cannot be imported (ModuleNotFoundError",
+        ),
+        ("trl.NoSuchCallback", "callbacks: trl.NoSuchCallback: cannot be imported (AttributeError"),
+        ("BEMACallback", "callbacks: BEMACallback: not an import path"),
+        (
+            "json.JSONDecoder",
+            "callbacks: json.JSONDecoder: <class 'json.decoder.JSONDecoder'> is not a trans",
+        ),
+        ('trl.BEMACallback={"update_freq": 2', "callbacks: trl.BEMACallback: keyword arguments are not JSON"),
+        (
+            {"trl.BEMACallback": {"every": 2}},
+            "callbacks: trl.BEMACallback: got an unexpected keyword argument",
+        ),
+        (
+            {"tests.callback_examples:StopAtStep": None},
+            "callbacks: tests.callback_examples:StopAtStep: missing",
+        ),
+        ({"trl.BEMACallback": [2]}, "callbacks: trl.BEMACallback: keyword arguments must be a mapping"),
+    ],
+)
+def test_an_entry_that_cannot_be_imported_or_built_is_refused_by_name(entry, says):
+    with pytest.raises(ConfigError) as e:
+        resolve_callbacks([entry])
+    assert str(e.value).startswith(says), str(e.value)
+
+
+@pytest.mark.parametrize(
+    "path, reason",
+    [
+        ("transformers.EarlyStoppingCallback", "on_evaluate"),
+        ("trl.LogCompletionsCallback", "eval_dataset"),
+        ("trl.WeaveCallback", "needs the `weave` package"),
+        ("trl.SyncRefModelCallback", "set `sync_ref_model: true`"),
+    ],
+)
+def test_callbacks_that_cannot_work_under_our_trainer_are_refused_with_the_reason(path, reason):
+    with pytest.raises(
+        ConfigError, match=f"callbacks: {path}: not supported under CapGRPOTrainer: .*{reason}"
+    ):
+        resolve_callbacks([path])
+
+
+def test_a_refused_entry_is_one_line_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    def touched(*args, **kwargs):
+        raise AssertionError("the model was loaded before the callbacks were checked")
+
+    monkeypatch.setattr(train, "load_base_model", touched)
+    out = tmp_path / "run"
+    argv = ["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(out), "--report_to", "none",
+            "--callbacks", "trl.RichProgressCallback", "my_pkg.nowhere:MyCallback"]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and err[-1].startswith("error: callbacks: my_pkg.nowhere:MyCallback: cannot be")
+    assert "Traceback" not in "\n".join(err) and not out.exists()
+
+
+def test_a_resume_refuses_a_callback_whose_state_is_not_saved():
+    hooks, stop = resolve_callbacks(
+        [
+            {"tests.callback_examples:HookLog": {"path": "x"}},
+            {"tests.callback_examples:StopAtStep": {"step": 1}},
+        ]
+    )
+    with pytest.raises(
+        ConfigError, match="callbacks: tests.callback_examples:HookLog: its state is not saved"
+    ):
+        refuse_unsaved_state([stop, hooks], {})
+    with pytest.raises(StateError, match="no saved state for callback tests.callback_examples:StopAtStep"):
+        refuse_unsaved_state([stop], {})  # a state written without it
+    refuse_unsaved_state([stop], {"StopAtStep#0": {"class": "tests.callback_examples.StopAtStep"}})
+
+
+# --- BEMA under a frozen vision tower, and its state --------------------------------------------------------
+class Frozen(torch.nn.Module):
+    """A frozen first parameter (as our vision tower), then trainable ones; BEMA rebuilds it from `config`."""
+
+    def __init__(self, config=None):
+        super().__init__()
+        self.config = config
+        self.visual = torch.nn.Parameter(torch.ones(3), requires_grad=False)
+        self.a = torch.nn.Parameter(torch.zeros(2))
+        self.b = torch.nn.Parameter(torch.zeros(4))
+
+
+def bema_steps(cb, model, steps: int):
+    args, control = SimpleNamespace(), SimpleNamespace()
+    cb.on_train_begin(args, SimpleNamespace(global_step=0), control, model=model)
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            model.a.add_(1.0)
+            model.b.sub_(2.0)
+        cb.on_step_end(args, SimpleNamespace(global_step=step), control, model=model)
+
+
+def test_trls_bema_fails_with_a_frozen_parameter_and_ours_averages_the_trainable_ones():
+    with pytest.raises(RuntimeError):  # when TRL fixes this, FrozenSafeBEMACallback can go
+        bema_steps(BEMACallback(update_freq=1), Frozen(), 1)
+    cb, model = FrozenSafeBEMACallback(update_freq=1, lag=1, ema_power=0.5, bias_power=0.0), Frozen()
+    bema_steps(cb, model, 1)
+    # step 1: beta = (1 + 1)^-0.5, alpha = 1: ema = (1 - beta)·θ₀ + beta·θ₁, running = ema + (θ₁ - θ₀)
+    beta = 2**-0.5
+    assert torch.allclose(cb.running_model.a, torch.full((2,), beta * 1.0 + 1.0))
+    assert torch.allclose(cb.running_model.b, torch.full((4,), beta * -2.0 - 2.0))
+    assert torch.equal(cb.running_model.visual, torch.ones(3))
+
+
+def test_callback_state_round_trips_and_a_missing_one_is_refused():
+    from tests.callback_examples import StopAtStep
+
+    def trainer_with(*cbs):
+        return SimpleNamespace(callback_handler=SimpleNamespace(callbacks=list(cbs)))
+
+    cb, stop = FrozenSafeBEMACallback(update_freq=1), StopAtStep(step=1)
+    bema_steps(cb, Frozen(), 2)
+    stop.stopped = True
+    tensors, meta = export_callback_state(trainer_with(RichProgressCallback(), cb, stop))
+    assert sorted(meta) == ["FrozenSafeBEMACallback#0", "StopAtStep#0"]
+    assert meta["StopAtStep#0"]["state"] == {"args": {"step": 1}, "attributes": {"stopped": True}}
+    assert sorted(tensors) == [f"callbacks/FrozenSafeBEMACallback#0/{k}/{n}" for k in ("ema", "running", "theta0")
+                               for n in ("a", "b")]  # fmt: skip
+
+    fresh, fresh_stop = FrozenSafeBEMACallback(update_freq=1), StopAtStep(step=1)
+    bema_steps(fresh, Frozen(), 0)  # on_train_begin of a resumed run, from other weights
+    restore_callback_state(trainer_with(fresh, fresh_stop), tensors, meta)
+    assert fresh_stop.stopped is True
+    for mine, saved in ((fresh.ema_params, cb.ema_params), (fresh.theta0_params, cb.theta0_params)):
+        assert all(torch.equal(x, y) for x, y in zip(mine, saved, strict=True))
+    assert torch.equal(fresh.running_model.b, cb.running_model.b)
+    with pytest.raises(StateError, match=r"no saved state for callback StopAtStep#0"):
+        restore_callback_state(trainer_with(fresh_stop), tensors, {})
+
+
+# --- end to end on the shipped embedded base (subprocesses, as `make train` runs) ----------------------------
+# Two steps of two small groups, a state at each, evaluation at steps 0 and 2, BEMA averaging every step.
+TINY = ["--max_steps", "2", "--groups_per_step", "2", "--num_generations", "4", "--per_device_train_batch_size",
+        "8", "--problems_per_round", "4", "--max_sampling_rounds", "2", "--max_completion_length", "64",
+        "--heldout_size", "2", "--fixed_size", "2", "--fixed_samples", "1", "--eval_every", "2",
+        "--eval_batch_size", "8", "--checkpoint_steps", "1", "2", "--report_to", "none", "--grader_workers", "1",
+        "--disable_tqdm", "true"]  # fmt: skip
+BEMA = 'trl.BEMACallback={"update_freq": 1}'
+
+
+def launch(base: Path, snapshot: Path, out: Path, *callbacks: str, resume: bool = False) -> list[str]:
+    cmd = [sys.executable, "-m", "trainer.train", "--config", str(REPO / "configs/embedded.yaml"), "--arm", "S2",
+           "--model_name_or_path", str(base), "--snapshot_path", str(snapshot), "--output_dir", str(out), *TINY,
+           "--callbacks", *callbacks]  # fmt: skip
+    return cmd + (["--resume", str(out)] if resume else [])
+
+
+def run_ok(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
+
+
+def same_run(a: Path, b: Path) -> None:
+    """Bitwise: steps.jsonl rows (timings aside), eval rows, the last weights, the last state (BEMA's buffers
+    included) and BEMA's averaged model."""
+
+    def rows(path: Path) -> list[dict]:
+        return [
+            {k: v for k, v in json.loads(line).items() if k != "seconds"}
+            for line in path.read_text().splitlines()
+        ]
+
+    assert rows(a / "results/steps.jsonl") == rows(b / "results/steps.jsonl")
+    for name in ("results/eval_step000.jsonl", "results/eval_step002.jsonl"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    for weights in ("step002/model.safetensors", "bema/model.safetensors"):
+        x, y = load_file(a / weights), load_file(b / weights)
+        assert x.keys() == y.keys() and all(x[k].equal(y[k]) for k in x), weights
+    (ta, ma), (tb, mb) = load_state(a / "state002"), load_state(b / "state002")
+    assert any(k.startswith("callbacks/FrozenSafeBEMACallback#0/ema/") for k in ta)
+    assert ta.keys() == tb.keys() and all(ta[k].equal(tb[k]) for k in ta)
+    assert ma["callbacks"] == mb["callbacks"] and ma["rng"] == mb["rng"]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_base, embedded_snapshot, tmp_path_factory) -> Path:
+    """Uninterrupted, with BEMA, a stopping callback that does not fire, and a hook log built with the trainer."""
+    out = tmp_path_factory.mktemp("cb") / "R"
+    hooks = out.parent / "hooks.jsonl"
+    stop = 'tests.callback_examples:StopAtStep={"step": 99}'
+    run_ok(
+        launch(
+            tiny_base,
+            embedded_snapshot,
+            out,
+            BEMA,
+            stop,
+            f'tests.callback_examples:HookLog={{"path": "{hooks}"}}',
+        )
+    )
+    return out
+
+
+@pytest.mark.slow
+def test_a_user_callback_sees_our_metrics_and_evaluation_through_on_log(reference):
+    info = json.loads((reference / "run.json").read_text())
+    assert [c["class"] for c in info["callbacks"]] == [
+        "trainer.callbacks.FrozenSafeBEMACallback", "tests.callback_examples.StopAtStep",
+        "tests.callback_examples.HookLog"]  # fmt: skip
+    assert "trl.BEMACallback" in (reference / "README.md").read_text()
+    seen = [json.loads(line) for line in (reference.parent / "hooks.jsonl").read_text().splitlines()]
+    assert seen[0] == {"hook": "on_train_begin", "step": 0, "trainer": "CapGRPOTrainer"}
+    assert {s["hook"] for s in seen} == {
+        "on_train_begin",
+        "on_step_end",
+        "on_log",
+        "on_train_end",
+    }  # no on_evaluate
+    logs = {s["step"]: s["keys"] for s in seen if s["hook"] == "on_log" and "train_runtime" not in s["keys"]}
+    assert sorted(logs) == [0, 1, 2]
+    assert (
+        "eval/heldout300/accuracy" in logs[0] and "eval/heldout300/accuracy" in logs[2]
+    )  # step 0's, step 2's
+    for step in (1, 2):
+        assert {"loss", "capgrpo/gate_stat", "capgrpo/groups/qualified", "capgrpo/outcomes/truncated"} <= set(
+            logs[step]
+        )
+    assert "eval/heldout300/accuracy" not in logs[1]
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_callback_whose_state_is_not_saved(reference, tiny_base, embedded_snapshot):
+    before = {p: p.read_bytes() for p in sorted(reference.rglob("*")) if p.is_file()}
+    info = json.loads((reference / "run.json").read_text())
+    cmd = launch(tiny_base, embedded_snapshot, reference, *info["config"]["callbacks"], resume=True)
+    proc = subprocess.run(
+        cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: callbacks: tests.callback_examples:HookLog: its state is not saved in stateNNN/")
+    )
+    assert {p: p.read_bytes() for p in sorted(reference.rglob("*")) if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_with_bema_is_bitwise_identical(
+    reference, tiny_base, embedded_snapshot, tmp_path
+):
+    out, stop = tmp_path / "K", 'tests.callback_examples:StopAtStep={"step": 99}'
+    proc = subprocess.Popen(launch(tiny_base, embedded_snapshot, out, BEMA, stop), cwd=REPO,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    deadline = time.time() + 600
+    while not (out / "state001").is_dir():
+        assert proc.poll() is None and time.time() < deadline, "training ended before state001 appeared"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "step002").exists() and not (out / "bema").exists()
+    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, stop, resume=True))
+    same_run(out, reference)
+
+
+@pytest.mark.slow
+def test_a_stopping_callback_ends_the_run_cleanly_and_it_resumes_exactly(
+    reference, tiny_base, embedded_snapshot, tmp_path
+):
+    out, stop = tmp_path / "S", 'tests.callback_examples:StopAtStep={"step": 1}'
+    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, stop))
+    steps = [json.loads(line)["step"] for line in (out / "results/steps.jsonl").read_text().splitlines()]
+    assert steps == [1] and not (out / "step002").exists()
+    assert (out / "step001/model.safetensors").is_file() and (
+        out / "README.md"
+    ).is_file()  # saved, card written
+    _, meta = load_state(out / "state001")  # the stop is in the state: the resumed run does not stop again
+    assert meta["callbacks"]["StopAtStep#0"]["state"]["attributes"] == {"stopped": True}
+    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, stop, resume=True))
+    same_run(out, reference)
+
+
+@pytest.mark.slow
+def test_sync_ref_model_with_beta_runs_and_stateNNN_holds_the_reference(tiny_base, tmp_path, monkeypatch):
+    """`sync_ref_model: true` (beta > 0): TRL adds SyncRefModelCallback with its reference model, which one
+    step mixes toward the policy; export_callback_state saves that reference for the resume."""
+    model, _ = train.load_base_model(str(tiny_base), "float32")
+    tok = AutoTokenizer.from_pretrained(tiny_base, padding_side="left")
+    script = {"p0": "CWTX", "p1": "CWWC", "p2": "CFWW", "p3": "WWWW"}
+    trainer = make_trainer((tok, model), tmp_path, monkeypatch, "S2", script, beta=0.04, sync_ref_model=True,
+                           ref_model_sync_steps=1, ref_model_mixup_alpha=0.5)  # fmt: skip
+    assert [type(cb) for cb in trainer.callback_handler.callbacks].count(SyncRefModelCallback) == 1
+    before = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
+    trainer.train()
+    policy, ref = dict(trainer.model.named_parameters()), dict(trainer.ref_model.named_parameters())
+    moved = [n for n in before if not torch.equal(before[n], policy[n])]
+    assert moved, "the step moved no weight: the test would prove nothing"
+    for n in moved:  # ref ← (1 − α)·ref + α·policy
+        assert torch.allclose(ref[n], 0.5 * before[n] + 0.5 * policy[n])
+    tensors, meta = export_callback_state(trainer)
+    assert meta == {"SyncRefModelCallback#0": {"class": "trl.trainer.callbacks.SyncRefModelCallback"}}
+    assert all(torch.equal(tensors[f"callbacks/SyncRefModelCallback#0/ref/{n}"], ref[n].float()) for n in ref)

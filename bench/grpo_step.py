@@ -339,7 +339,7 @@ class Probe(TrainerCallback):
         tokens = sum(gather_object([self.gen_tokens]))
         groups = [g for part in gather_object([self.coin.pop_groups()]) for g in part]
         policy = self.trainer.args.resolved_arm().policy
-        record = getattr(self.trainer, "step_record", {}).get("groups")
+        record = getattr(getattr(self.trainer, "step_record", None), "groups", None)
         sampled = record["sampled"] if record else len(groups)
         seconds = {
             "generate": self.gen_seconds,

@@ -38,7 +38,9 @@ def main(out_dir: str, result: str) -> None:
     advantages = acc.gather(out["advantages"]).tolist()
     active = acc.gather(out["tool_mask"].amax(dim=1)).tolist()
     if acc.is_main_process:
-        record = {k: trainer.step_record[k] for k in ("groups", "task_ids_trained", "outcomes_sampled")}
+        record = {
+            k: getattr(trainer.step_record, k) for k in ("groups", "task_ids_trained", "outcomes_sampled")
+        }
         record.update(
             processes=acc.num_processes,
             advantages=advantages,

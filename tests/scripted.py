@@ -112,4 +112,4 @@ def generate(trainer):
 
 def spelled_rows(trainer, script) -> str:
     """The letters of the step's rollouts in batch order (groups come in task-sampler order)."""
-    return "".join(script[t] for t in trainer.step_record["task_ids_trained"])
+    return "".join(script[t] for t in trainer.step_record.task_ids_trained)

@@ -114,11 +114,11 @@ def test_vllm_settings_reach_trl_and_rollouts_flow_through_selection(tiny, tmp_p
     (prompts, n), *more = vllm.calls
     assert not more and n == G and len(prompts) == GROUPS * G  # G copies of each problem, then TRL's `n`
     assert vllm.synced == 1  # weights pushed once per step, before the first generation
-    for k, task_id in enumerate(trainer.step_record["task_ids_trained"]):
+    for k, task_id in enumerate(trainer.step_record.task_ids_trained):
         for ids in prompts[k * G : (k + 1) * G]:
             assert f"problem {task_id}" in tok.decode(ids)
-    assert trainer.step_record["groups"]["qualified"] == GROUPS
-    assert trainer.step_record["outcomes_sampled"]["correct"] == GROUPS * G // 2
+    assert trainer.step_record.groups["qualified"] == GROUPS
+    assert trainer.step_record.outcomes_sampled["correct"] == GROUPS * G // 2
     # vLLM's sampling log-probs ride with the selected rollouts into TRL's importance-sampling correction
     assert "importance_sampling_ratio" in output
     lengths = output["completion_mask"].sum(1)

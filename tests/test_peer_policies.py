@@ -47,7 +47,7 @@ def rows(trainer, out, script):
 
 
 def in_order(trainer, per_task: dict[str, list]) -> list:
-    return [x for t in trainer.step_record["task_ids_trained"] for x in per_task[t]]
+    return [x for t in trainer.step_record.task_ids_trained for x in per_task[t]]
 
 
 def test_scripted_lengths(tiny, tmp_path, monkeypatch):
@@ -76,7 +76,7 @@ def test_trl_mask_truncated_by_hand(tiny, tmp_path, monkeypatch):
     assert (
         out["num_items_in_batch"].item() == 6 + 6 + 5 + 4 * 6
     )  # C, W, F of p0 and all of p1; T's 24 left out
-    assert trainer.step_record["groups"]["trained"] == 2 and trainer.step_record["groups"]["rejected"] == {}
+    assert trainer.step_record.groups["trained"] == 2 and trainer.step_record.groups["rejected"] == {}
 
 
 def test_trl_none_reward_by_hand(tiny, tmp_path, monkeypatch):
@@ -143,7 +143,7 @@ def test_trl_arms_match_plain_trl(tiny, tmp_path, monkeypatch, arm, trl_config, 
     ours = make_trainer(tiny, tmp_path, monkeypatch, arm, script)
     out = generate(ours)
     trl = plain_trl(tiny, tmp_path, graded_by_text(none_for_unresolved), **trl_config)
-    order = ours.step_record["task_ids_trained"]
+    order = ours.step_record.task_ids_trained
     ref = trl._generate_and_score_completions(
         [{"prompt": prompt_messages(f"problem {t}")} for t in order for _ in range(G)]
     )
@@ -193,7 +193,7 @@ def test_dapo_soft_in_the_trainer_by_hand(tiny, tmp_path, monkeypatch):
     _, active, lengths = rows(trainer, out, script)
     assert all(active) and out["num_items_in_batch"].item() == sum(lengths) == 6 + 6 + 24 + 6 + 6 + 6 + 6 + 5
     # Without the penalty the truncated rollout would weigh like the wrong ones (S2: -0.5 each).
-    assert trainer.step_record["groups"] == {
+    assert trainer.step_record.groups == {
         "sampled": 2, "qualified": 2, "trained": 2, "rounds": 1, "bound_hit": False, "rejected": {},
     }  # fmt: skip
 
@@ -259,8 +259,8 @@ def test_dapo_filter_by_hand(tiny, tmp_path, monkeypatch):
     trainer = make_trainer(tiny, tmp_path, monkeypatch, "DAPO-FILTER", script, problems_per_round=4)
     out = generate(trainer)
     rec = trainer.step_record
-    assert sorted(rec["task_ids_trained"]) == ["p0", "p1"]  # correct + truncated qualifies: acc spread 1, 0
-    assert rec["groups"]["rejected"] == {"all_correct": 1, "no_correct": 1} and rec["groups"]["rounds"] == 1
+    assert sorted(rec.task_ids_trained) == ["p0", "p1"]  # correct + truncated qualifies: acc spread 1, 0
+    assert rec.groups["rejected"] == {"all_correct": 1, "no_correct": 1} and rec.groups["rounds"] == 1
     # Both groups: rewards 1, -1, -1, -1 (the masked truncated ones stay in the baseline) → 1.49985, -0.49995.
     want = in_order(trainer, {t: [1.4998500, -0.4999500, -0.4999500, -0.4999500] for t in ("p0", "p1")})
     assert out["advantages"].tolist() == pytest.approx(want, abs=1e-6)

@@ -27,9 +27,7 @@ def test_grader_failures_and_lost_time_are_summed_over_the_rounds(tiny, tmp_path
     trainer.outcome_reward.pool = TimingOutGrader()
     generate(trainer)
     record = trainer.step_record
-    assert record["groups"]["rounds"] == 2
-    assert record["grader"]["timeouts"] == 2 and record["grader"]["items"] == 2 * 2 * 4
-    assert record["seconds"]["grade_lost"] == pytest.approx(5.0)
-    assert (
-        "seconds" not in record["grader"] and "seconds_lost" not in record["grader"]
-    )  # timings live in seconds
+    assert record.groups["rounds"] == 2
+    assert record.grader["timeouts"] == 2 and record.grader["items"] == 2 * 2 * 4
+    assert record.seconds["grade_lost"] == pytest.approx(5.0)
+    assert "seconds" not in record.grader and "seconds_lost" not in record.grader  # timings live in seconds

@@ -37,7 +37,7 @@ def test_rewards_advantages_loss_mask_and_normaliser(tiny, tmp_path, monkeypatch
     script = {"p0": "CWTX", "p1": "CFWW"}
     trainer = make_trainer(tiny, tmp_path, monkeypatch, arm, script)
     out = generate(trainer)
-    order = trainer.step_record["task_ids_trained"]
+    order = trainer.step_record.task_ids_trained
     assert sorted(order) == ["p0", "p1"]
     spelled = spelled_rows(trainer, script)
     adv = out["advantages"].tolist()
@@ -50,7 +50,7 @@ def test_rewards_advantages_loss_mask_and_normaliser(tiny, tmp_path, monkeypatch
     lengths = out["completion_mask"].sum(dim=1).tolist()
     assert out["num_items_in_batch"].item() == sum(n for n, a in zip(lengths, want_active, strict=True) if a)
     rec = trainer.step_record
-    assert rec["groups"] == {
+    assert rec.groups == {
         "sampled": 2,
         "qualified": 2,
         "trained": 2,
@@ -58,7 +58,7 @@ def test_rewards_advantages_loss_mask_and_normaliser(tiny, tmp_path, monkeypatch
         "bound_hit": False,
         "rejected": {},
     }
-    assert rec["outcomes_sampled"] == {
+    assert rec.outcomes_sampled == {
         "truncated": 1,
         "format_rejected": 1,
         "correct": 2,
@@ -71,11 +71,11 @@ def test_v1_rejects_correct_plus_truncated_without_completed_wrong(tiny, tmp_pat
     script = {"p0": "CTTT", "p1": "CWWW", "p2": "CTCT", "p3": "CCWW"}
     s2 = make_trainer(tiny, tmp_path, monkeypatch, "S2", script, problems_per_round=2)
     generate(s2)
-    assert s2.step_record["groups"]["rejected"] == {"correct_unresolved_no_wrong": 2}
-    assert s2.step_record["groups"]["rounds"] == 2 and s2.step_record["gate_stat"] == 0.5
+    assert s2.step_record.groups["rejected"] == {"correct_unresolved_no_wrong": 2}
+    assert s2.step_record.groups["rounds"] == 2 and s2.step_record.gate_stat == 0.5
     s4 = make_trainer(tiny, tmp_path, monkeypatch, "S4", script, problems_per_round=2)
     generate(s4)
-    assert s4.step_record["groups"]["rejected"] == {} and s4.step_record["groups"]["rounds"] == 1
+    assert s4.step_record.groups["rejected"] == {} and s4.step_record.groups["rounds"] == 1
 
 
 def test_bound_hit_trains_on_what_it_has_and_pads_without_loss(tiny, tmp_path, monkeypatch):
@@ -84,7 +84,7 @@ def test_bound_hit_trains_on_what_it_has_and_pads_without_loss(tiny, tmp_path, m
         tiny, tmp_path, monkeypatch, "S2", script, problems_per_round=1, max_sampling_rounds=3
     )
     out = generate(trainer)
-    groups = trainer.step_record["groups"]
+    groups = trainer.step_record.groups
     assert groups["trained"] == 1 and groups["bound_hit"] and groups["rounds"] == 3
     assert out["tool_mask"][:G].all() and not out["tool_mask"][G:].any()  # the filler group carries no loss
 

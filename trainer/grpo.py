@@ -37,6 +37,7 @@ from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
+from trainer.step_record import StepRecord
 
 
 def step_tickets(args: CapGRPOConfig) -> Dataset:
@@ -101,8 +102,7 @@ class CapGRPOTrainer(GRPOTrainer):
             self.generation_shapes = generation.FixedShapes(
                 rows, args.prompt_multiple, args.max_completion_length
             )
-        # steps.jsonl's row of the step in progress (StepsLog writes it)
-        self.step_record: dict[str, Any] = {}
+        self.step_record = StepRecord()  # steps.jsonl's row of the step in progress (StepsLog writes it)
         self._selected: StepRollouts | None = None  # set while TRL scores the selected rollouts, else None
         self._train_started: float | None = None  # when the step's batch was ready (its `seconds.train`)
         self._step_logps: list[torch.Tensor] = []
@@ -128,14 +128,14 @@ class CapGRPOTrainer(GRPOTrainer):
         answers = [self.tasks[t]["answer"] for t in mine for _ in range(G)]
         grades = self.outcome_reward.grade(texts, completion_ids, answers)
         t2 = time.perf_counter()
-        seconds = self.step_record["seconds"]
+        seconds = self.step_record.seconds
         seconds["generate"] += t1 - t0
         seconds["grade"] += t2 - t1
         report = self.outcome_reward.last_report.to_log(prefix="")  # where the grader failed, per round
         seconds["grade_lost"] += report.pop("seconds_lost")  # on items that then timed out
         for timing in ("seconds", "cpu_seconds"):
             report.pop(timing)
-        self.step_record["grader"].update(report)
+        self.step_record.grader.update(report)
         rows = [
             (ids, None if logprobs is None else logprobs[i], g.outcome.value, g.answer)
             for i, (ids, g) in enumerate(zip(completion_ids, grades, strict=True))
@@ -193,10 +193,7 @@ class CapGRPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         if not self.model.training:
             return super()._generate_and_score_completions(inputs)
-        self.step_record = {
-            "seconds": Counter(generate=0.0, grade=0.0, grade_lost=0.0, train=0.0, eval=0.0, save=0.0),
-            "grader": Counter(),
-        }
+        self.step_record = StepRecord()
         groups, trained, selection = self._select()
         step = self._step_rollouts(groups, trained)
         self._selected = step  # read by the two hooks TRL calls back into while it scores these rollouts
@@ -273,7 +270,7 @@ class CapGRPOTrainer(GRPOTrainer):
     def record_train_seconds(self) -> None:
         """`seconds.train` of the step in progress: from its selected batch to now (StepsLog, at step end)."""
         if self._train_started is not None:
-            self.step_record["seconds"]["train"] = time.perf_counter() - self._train_started
+            self.step_record.seconds["train"] = time.perf_counter() - self._train_started
 
     def _record_selection(self, selection: Selection, groups, trained, output) -> None:
         sampled = [o for g in selection.sampled for o in g.outcomes]
@@ -308,10 +305,10 @@ class CapGRPOTrainer(GRPOTrainer):
             "groups/qualified": selection.qualified,
             "groups/trained": sum(trained),
             "groups/rounds": selection.rounds,
-            "gate_stat": self.step_record["gate_stat"],
+            "gate_stat": self.step_record.gate_stat,
             **{
                 f"outcomes/{k}": v / max(len(sampled), 1)
-                for k, v in self.step_record["outcomes_sampled"].items()
+                for k, v in self.step_record.outcomes_sampled.items()
             },
         }
         for k, v in scalars.items():

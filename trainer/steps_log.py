@@ -12,9 +12,10 @@ from rundir.files import steps_path
 class StepsLog(TrainerCallback):
     """Appends one row per optimizer step to results/steps.jsonl as the step's log is emitted.
 
-    The row is the trainer's `step_record` (selection, outcomes, timings), its log-prob statistics and TRL's
-    loss/learning rate/grad norm, plus what the other two callbacks report: the evaluation of this step
-    (`eval_callback.last_*`) and the save that followed the previous step (`checkpoint_callback.last_seconds`).
+    The row is the trainer's `step_record` (a StepRecord, trainer/step_record.py: selection, outcomes, timings),
+    its log-prob statistics and TRL's loss/learning rate/grad norm, plus what the other two callbacks report:
+    the evaluation of this step (`eval_callback.last_*`) and the save that followed the previous step
+    (`checkpoint_callback.last_seconds`).
     Rows are fsynced one by one (`append_line`), so a crash loses at most the step in flight, whose torn row
     a resume drops.
     """
@@ -40,7 +41,7 @@ class StepsLog(TrainerCallback):
             "loss": logs["loss"],
             "learning_rate": logs.get("learning_rate"),
             "grad_norm": logs.get("grad_norm"),
-            **trainer.step_record,
+            **trainer.step_record.to_row(),
             **trainer.pop_logprob_stats(),
             "entropy_mean": logs.get("entropy"),
         }

@@ -90,6 +90,28 @@ def test_trl_attribute_we_read_is_still_assigned_as_recorded(name):
         assert "if self.state.global_step != self._last_loaded_step:" in source
 
 
+# TRL's callbacks that trainer/callbacks.py subclasses or reads the state of: the private method overridden
+# (FrozenSafeBEMACallback) and the attributes export_callback_state saves, as TRL 1.16 assigns them.
+CALLBACK_ATTRIBUTES = {
+    "BEMACallback": ["self.param_names = []", "self.theta0_params = []", "self.ema_params = []",
+                     "self.running_model = None", "self.running_model.parameters()"],
+    "SyncRefModelCallback": ["self.accelerator = accelerator", "self.ref_model = ref_model"],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CALLBACK_ATTRIBUTES))
+def test_trl_callback_internals_we_rely_on_are_as_recorded(name):
+    import trl.trainer.callbacks
+
+    cls = getattr(trl.trainer.callbacks, name)
+    source = inspect.getsource(cls)
+    for line in CALLBACK_ATTRIBUTES[name]:
+        assert line in source, f"{name}: TRL no longer has {line!r}"
+    if name == "BEMACallback":
+        assert owner(cls, "_update_bema_weights") == "trl.trainer.callbacks.BEMACallback"
+        assert parameters(cls._update_bema_weights) == "(self, step)"
+
+
 def test_our_trainer_attributes_do_not_shadow_trls():
     """An attribute of ours named like one of TRL's or the Trainer's would silently replace theirs (TRL keeps
     its generation counter in `self._step`); `optimizer` (create_optimizer) and `_last_loaded_step`

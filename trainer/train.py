@@ -125,6 +125,11 @@ def check_launch(args: CapGRPOConfig, model_args: ModelConfig) -> Launch:
     snapshot = {"path": str(args.snapshot_path), "sha256": snapshot_sha256(args.snapshot_path)}
     if not args.resume:
         refuse_non_empty(run_dir)
+        for c in callbacks:
+            if c.to_json()["state"] == "unsaved":
+                logger.warning(
+                    "callbacks: %s keeps no state in stateNNN/: --resume of this run will refuse it", c.path
+                )
         return Launch(callbacks, snapshot, None, None)
     event = resume_event(run_dir, args, model_args, snapshot)
     resume = load_resume_state(run_dir, args)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rundir.state import StateError, save_state
+from rundir.step import write_manifest
 from trainer.checkpoint import load_resume_state
 from trainer.config import CapGRPOConfig
 
@@ -45,6 +46,7 @@ def test_resume_refuses_another_process_count(tmp_path):
     run = tmp_path / "run"
     (run / "step001").mkdir(parents=True)
     (run / "step001" / "config.json").write_text("{}")
+    write_manifest(run / "step001")  # the weights beside the state are whole: only the process count differs
     (run / "results").mkdir()
     (run / "results" / "steps.jsonl").write_text('{"step": 1}\n')  # a state never exists without its row
     meta = {"arm": "S2", "policy_id": "affine-unresolved-zero-reward-active-v1", "step": 1, "rng": [{}, {}]}

@@ -41,6 +41,7 @@ from rundir.state import StateError  # noqa: E402
 from rundir.step import verify_step  # noqa: E402
 from trainer import sharding  # noqa: E402
 from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
+from trainer.cpu_generation import compact_decoding  # noqa: E402
 from trainer.generation import (  # noqa: E402
     BACKENDS,
     PROMPT_MULTIPLE,
@@ -182,10 +183,11 @@ def _generate_transformers(model, pad_id: int, prompts, seeds, spec: EvalSpec, e
             raise ValueError("eval spec: generation 'compiled' runs on a CUDA device")
         config = compiled_config(config, shapes, max(map(len, prompts)))
     out = []
-    for start in range(0, len(prompts), spec.batch_size):
-        batch, batch_seeds = prompts[start : start + spec.batch_size], seeds[start : start + spec.batch_size]
-        torch.manual_seed(_hash63(",".join(map(str, batch_seeds))))
-        out += [_cut(row, eos) for row in generate_call(model, batch, config, shapes, pad_id)]
+    with compact_decoding(model):  # eager on a CPU: rows that ended leave the batch, the same tokens
+        for start in range(0, len(prompts), spec.batch_size):
+            batch, batch_seeds = prompts[start:][: spec.batch_size], seeds[start:][: spec.batch_size]
+            torch.manual_seed(_hash63(",".join(map(str, batch_seeds))))
+            out += [_cut(row, eos) for row in generate_call(model, batch, config, shapes, pad_id)]
     return out
 
 

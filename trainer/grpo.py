@@ -32,7 +32,7 @@ from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import generation, micro_batch
+from trainer import cpu_generation, generation, micro_batch
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
@@ -149,8 +149,10 @@ class CapGRPOTrainer(GRPOTrainer):
     def _generate_rollouts(self, prompt_ids: list[list[int]], G: int) -> tuple[list[list[int]], Any]:
         # TRL's transformers path decodes eagerly (it sets disable_compile); on one GPU we run the same
         # model compiled at fixed shapes (trainer/generation.py), elsewhere TRL's own path (or vLLM).
+        # On a CPU, rows that ended leave the batch (trainer/cpu_generation.py): the same tokens, less work.
         if self.generation_shapes is None:
-            return super()._generate_single_turn(prompt_ids, None, {}, G)
+            with cpu_generation.compact_decoding(self.accelerator.unwrap_model(self.model)):
+                return super()._generate_single_turn(prompt_ids, None, {}, G)
         shapes = self.generation_shapes
         config = generation.compiled_config(self.generation_config, shapes, max(map(len, prompt_ids)))
         pad = self.processing_class.pad_token_id

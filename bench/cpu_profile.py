@@ -1,0 +1,166 @@
+"""The embedded default's generation on a CPU, transformers' decoding loop vs ours (trainer/cpu_generation.py).
+
+Side by side in one process, interleaved: one in-training evaluation (the recipe's eval sets and spec) and
+one rollout round (`problems_per_round` prompts x `num_generations`, as TRL calls generate), each
+`--repeats` times per arm. Prints wall and CPU seconds (user+sys of this process) as min/median/max, the
+rows computed per decode step, and checks that both arms give the same tokens. `--profile N` instead
+prints cProfile's top N functions of one evaluation and one round with our loop.
+
+    python bench/cpu_profile.py [--recipe configs/embedded.yaml] [--repeats 3] [--profile 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+import yaml  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
+
+from data.eval_sets import FIXED, HELDOUT, choose_eval_sets  # noqa: E402
+from data.prompt import render_prompt  # noqa: E402
+from data.snapshot import load_snapshot  # noqa: E402
+from trainer import cpu_generation, evaluation  # noqa: E402
+
+
+def cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def arms():
+    """(name, context) pairs: transformers' loop (our context patched out) and ours."""
+    return [
+        ("transformers", lambda model: contextlib.nullcontext()),
+        ("compact", cpu_generation.compact_decoding),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--recipe", default="configs/embedded.yaml")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions instead")
+    args = parser.parse_args()
+    recipe = yaml.safe_load(Path(args.recipe).read_text())
+    torch.set_num_threads(1)  # what train.py sets for the embedded recipe (cpu_threads)
+    model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(
+        recipe["model_name_or_path"], dtype=torch.float32
+    ).eval()
+    model_under_test[0] = model
+    tok = transformers.AutoTokenizer.from_pretrained(recipe["model_name_or_path"])
+    tasks = {t["id"]: t for t in load_snapshot(Path(recipe["snapshot_path"]), recipe["snapshot_sha256"])}
+    sets = choose_eval_sets(
+        list(tasks), seed=0, heldout_size=recipe["heldout_size"], fixed_size=recipe["fixed_size"]
+    )
+    by_set = {FIXED: [tasks[t] for t in sets.fixed], HELDOUT: [tasks[t] for t in sets.heldout]}
+    spec = evaluation.EvalSpec(cap=recipe["max_completion_length"], batch_size=recipe["eval_batch_size"])
+    G, n = recipe["num_generations"], recipe["problems_per_round"]
+    pool = sorted(sets.train_pool)
+    rollout_config = GenerationConfig(
+        max_new_tokens=recipe["max_completion_length"], do_sample=True, temperature=recipe["temperature"],
+        top_p=1.0, top_k=0, min_p=None, repetition_penalty=1.0, pad_token_id=tok.pad_token_id,
+        eos_token_id=[tok.eos_token_id], disable_compile=True,
+    )  # fmt: skip
+
+    def evaluate():
+        with evaluation._isolated(model):
+            return [
+                tokens
+                for name in sorted(by_set)
+                for tokens in evaluation._generate_transformers(
+                    model, tok.pad_token_id, *_eval_inputs(tok, by_set[name], spec, name), spec, [2]
+                )
+            ]
+
+    def rollout(round_index: int):
+        prompts = [
+            render_prompt(tok, tasks[t]["problem"]) for t in pool[round_index * n :][:n] for _ in range(G)
+        ]
+        batch = tok(prompts, add_special_tokens=False, padding=True, padding_side="left", return_tensors="pt")
+        torch.manual_seed(round_index)
+        with torch.no_grad():
+            return model.generate(**batch, generation_config=rollout_config).tolist()
+
+    phases = {"evaluation (556 samples)": lambda r: evaluate(), f"rollout round ({n} x {G})": rollout}
+    if args.profile:
+        for name, phase in phases.items():
+            profiler = cProfile.Profile()
+            with cpu_generation.compact_decoding(model), profiler:
+                phase(0)
+            print(f"--- {name}, our loop")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(args.profile)
+        return 0
+    rows_seen = []
+    model.register_forward_pre_hook(
+        lambda m, a, kw: rows_seen.append(kw["input_ids"].shape), with_kwargs=True
+    )
+    for name, phase in phases.items():
+        times = {arm: [] for arm, _ in arms()}
+        work = {}
+        for r in range(args.repeats):
+            outputs = {}
+            for arm, context in arms():
+                rows_seen.clear()
+                with _patched(context):
+                    wall, cpu = time.perf_counter(), cpu_seconds()
+                    outputs[arm] = phase(r)
+                    times[arm].append((time.perf_counter() - wall, cpu_seconds() - cpu))
+                work[arm] = sum(s[0] * s[1] for s in rows_seen)  # rows x tokens fed to the model
+            if outputs["transformers"] != outputs["compact"]:
+                print(f"{name}: the two loops gave different tokens", file=sys.stderr)
+                return 1
+        print(f"{name}: same tokens in {args.repeats} interleaved repeats; seconds min / median / max")
+        for arm, values in times.items():
+            wall, cpu = ([v[i] for v in values] for i in (0, 1))
+            print(
+                f"  {arm:>12}: wall {_mmm(wall)}  cpu {_mmm(cpu)}  row-tokens fed {work[arm]:,}"
+                f" ({work[arm] / work['transformers']:.2f})"
+            )
+    return 0
+
+
+def _eval_inputs(tok, tasks, spec, set_name):
+    items = [
+        (t["id"], i) for t in sorted(tasks, key=lambda t: t["id"]) for i in range(spec.samples[set_name])
+    ]
+    encoded = {
+        t["id"]: tok(render_prompt(tok, t["problem"]), add_special_tokens=False)["input_ids"] for t in tasks
+    }
+    seeds = [evaluation.sample_seed(spec.seed, task_id, i) for task_id, i in items]
+    return [encoded[task_id] for task_id, _ in items], seeds
+
+
+model_under_test = [None]
+
+
+@contextlib.contextmanager
+def _patched(context):
+    """`context` for the model's generate calls, the evaluation module's own use of it included."""
+    saved = evaluation.compact_decoding
+    evaluation.compact_decoding = context
+    try:
+        with context(model_under_test[0]):
+            yield
+    finally:
+        evaluation.compact_decoding = saved
+
+
+def _mmm(values) -> str:
+    return f"{min(values):6.2f} / {statistics.median(values):6.2f} / {max(values):6.2f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

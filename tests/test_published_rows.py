@@ -18,7 +18,9 @@ NO_ROWS_YET = pytest.mark.xfail(reason="issue 28: embedded runs' rows not commit
 def _reports() -> list:
     return [
         pytest.param(
-            r, id=str(r.relative_to(ROOT / "docs")), marks=[NO_ROWS_YET] if "embedded" in str(r) and "seeds6" not in str(r) else []
+            r,
+            id=str(r.relative_to(ROOT / "docs")),
+            marks=[NO_ROWS_YET] if "embedded" in str(r) and "seeds6" not in str(r) else [],
         )
         for r in published_reports(ROOT / "docs")
     ]
@@ -81,3 +83,17 @@ def test_check_docs_cli_exits_1_naming_each_missing_file(tmp_path, capsys):
     (exp / "report.md").write_text("# no tables\n")
     assert main([str(tmp_path / "docs")]) == 1
     assert "no 'run directory' row" in capsys.readouterr().err
+
+
+def test_the_readme_embedded_table_is_the_seed_level_report_recomputed(tmp_path):
+    """README.md's embedded table quotes the seeds6 report's seed-level rows, which recompute from the rows."""
+    report = ROOT / "docs/experiment-embedded/seeds6/S2_vs_S0/report.md"
+    committed, recomputed = recompute(report, tmp_path)
+    assert recomputed == committed
+    readme = (ROOT / "README.md").read_text()
+    for set_name in ("heldout300 (primary)", "fixed32"):
+        row = next(r for r in committed if r.startswith(f"| {set_name} | +") and "of 6" in r)
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        per_seed, mean, sd, p = cells[1], cells[2], cells[3], cells[5]
+        assert per_seed in readme and f"{mean} pp ({sd})" in readme, set_name
+        assert f"p = {float(p):.3f}" in readme, (set_name, p)

@@ -11,7 +11,6 @@ transformers versions) and a manifest (source sha256, versions, parameter count)
 """
 
 import argparse
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -20,6 +19,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from data.atomic import sha256_file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -47,14 +48,6 @@ SOURCES = {
     ),
 }
 MANIFEST = "base_manifest.json"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def locate(source: Source) -> Path:

@@ -6,6 +6,7 @@ owner can be told dead (rundir/state.py `remove_interrupted_saves` removes it). 
 raises `DiskFullError` naming the path, the bytes needed and the bytes free, after removing its temp file."""
 
 import errno
+import hashlib
 import os
 import re
 import shutil
@@ -35,6 +36,15 @@ def disk_full(target: Path, needed: int) -> DiskFullError:
 
 def is_disk_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """A file's sha256, read in 16 MiB blocks (weights and state shards do not fit memory twice)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 * 2**20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> Path:

@@ -38,7 +38,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from data.atomic import FILE_MODE, TEMP_FILE, disk_full, is_disk_full
+from data.atomic import FILE_MODE, TEMP_FILE, disk_full, is_disk_full, sha256_file
 
 FORMAT = "capgrpo.state/2"
 SEAL = "descriptor.sha256"
@@ -364,20 +364,12 @@ def _descriptor(dir: Path, *, hash_shards: bool) -> Descriptor:
             raise StateError(f"{dir / f['file']}: sha256 mismatch (corrupted or edited)")
     if hash_shards:
         with ThreadPoolExecutor(_WORKERS) as pool:
-            digests = list(pool.map(_sha256_file, [dir / s["file"] for s in shards]))
+            digests = list(pool.map(sha256_file, [dir / s["file"] for s in shards]))
         for s, digest in zip(shards, digests):
             if digest != s.get("sha256"):
                 raise StateError(f"{dir / s['file']}: sha256 mismatch (corrupted)")
     meta = _read_json(dir / "meta.json", json_data["meta.json"])
     return Descriptor(dir, shards, files, tensors, desc["total_bytes"], meta, seal)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 * 2**20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_state(dir: Path) -> Descriptor:

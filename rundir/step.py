@@ -17,7 +17,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from data.atomic import write_atomic
+from data.atomic import sha256_file, write_atomic
 from rundir.state import StateError
 
 MANIFEST = "manifest.json"
@@ -30,14 +30,6 @@ class StepError(StateError):
     """A stepNNN/ that must not be read; the message names the file and the way on."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(16 * 2**20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(step_dir: Path) -> list[Path]:
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name not in (*UNLISTED, MANIFEST))
 
@@ -47,7 +39,7 @@ def write_manifest(step_dir: Path) -> Path:
     step_dir = Path(step_dir)
     files = _files(step_dir)
     with ThreadPoolExecutor(_WORKERS) as pool:
-        digests = list(pool.map(_sha256, files))
+        digests = list(pool.map(sha256_file, files))
     entries = [{"file": p.relative_to(step_dir).as_posix(), "bytes": p.stat().st_size, "sha256": d}
                for p, d in zip(files, digests)]  # fmt: skip
     return write_atomic(
@@ -96,7 +88,7 @@ def verify_step(step_dir: Path, *, way_on: str = "") -> None:
             raise refuse(f"{p}: size {size:,} bytes, {MANIFEST} says {e.get('bytes'):,}{short}")
     names = list(entries)
     with ThreadPoolExecutor(_WORKERS) as pool:
-        digests = list(pool.map(_sha256, [step_dir / n for n in names]))
+        digests = list(pool.map(sha256_file, [step_dir / n for n in names]))
     for name, digest in zip(names, digests):
         if digest != entries[name].get("sha256"):
             raise refuse(f"{step_dir / name}: sha256 mismatch (corrupted)")

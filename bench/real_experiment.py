@@ -249,59 +249,95 @@ def finished(run: Path, max_steps: int) -> bool:
     )
 
 
-def train(work: Path, out: Path, budget_s: float, smoke: bool, seeds: tuple[int, ...]) -> int:
-    choice = json.loads((work / "choice.json").read_text())
+def prepare(work: Path, gguf: Path | None) -> dict | None:
+    """A work directory for `train` without the base report: the converted base, the chosen snapshot and the
+    committed choice (docs/experiment-real/base/base_report.json), the snapshot checked against its sha256."""
+    from bases.packaged import SOURCES, BaseError, convert, converted, locate
+    from data.snapshot import write_snapshot
+    from data.synthetic import generate_tasks
+
+    if (work / "choice.json").is_file():
+        return json.loads((work / "choice.json").read_text())
+    work.mkdir(parents=True, exist_ok=True)
+    source, model_dir = SOURCES["smollm2"], work / "smollm2"
+    if not converted(model_dir, source):
+        try:
+            convert(gguf or locate(source), model_dir, source)
+        except BaseError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return None
+    choice = json.loads((DOCS / "base/base_report.json").read_text())["choice"]
+    sha = write_snapshot(generate_tasks(1200, 0, (FAMILIES[choice["family"]],), ("sum",)),
+                         snapshot_path(work, choice["family"]))  # fmt: skip
+    if sha != choice["snapshot_sha256"]:
+        print(f"error: {snapshot_path(work, choice['family'])}: sha256 {sha}, the base report chose "
+              f"{choice['snapshot_sha256']}", file=sys.stderr)  # fmt: skip
+        return None
+    (work / "choice.json").write_text(json.dumps(choice, indent=1) + "\n")
+    return choice
+
+
+# On the lent H200 (16 cores, 139 GiB, 64 GiB of disk) the twelve runs share the machine: one intra-op thread
+# each (12 launch-bound processes and their graders on 16 cores), and no periodic saves (12 x 6 x 1.9 GB would
+# fill the disk; a stop saves its step, StopOnSignal, and the last step is always saved).
+SHARED_GPU = ["--checkpoint_every", "0"]
+LEADER_S = 240  # a fresh start: the first run fills the compile caches (inductor's, on disk) for the others
+GRACE_S = 75  # SIGTERM to the end of the step in progress and its save; then SIGINT (the last saved state)
+
+
+def train(
+    work: Path, out: Path, budget_s: float, smoke: bool, seeds: tuple[int, ...], gguf: Path | None
+) -> int:
+    t0 = time.perf_counter()
+    if (choice := prepare(work, gguf)) is None:
+        return 1
     max_steps = 1 if smoke else int(recipe()["max_steps"])
     common = ["--model_name_or_path", str(work / "smollm2"), "--snapshot_path", str(snapshot_path(work, choice["family"])),
               "--snapshot_sha256", choice["snapshot_sha256"], "--temperature", str(choice["temperature"]),
-              "--max_completion_length", str(choice["cap"]), *(SMOKE_TRAIN if smoke else [])]  # fmt: skip
+              "--max_completion_length", str(choice["cap"]), *(SMOKE_TRAIN if smoke else SHARED_GPU)]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "2"}  # fmt: skip
-    procs, t0 = [], time.perf_counter()
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
     (work / "runs").mkdir(parents=True, exist_ok=True)
-    for arm in ARMS:
-        for seed in seeds:
-            run = run_dir(work, arm, seed)
-            if finished(run, max_steps):
-                continue
-            cmd = [
-                sys.executable,
-                "-m",
-                "trainer.train",
-                "--config",
-                str(RECIPE),
-                "--arm",
-                arm,
-                "--seed",
-                str(seed),
-            ]
-            cmd += ["--resume", str(run)] if (run / "run.json").is_file() else ["--output_dir", str(run)]
-            log = work / "runs" / f"{run.name}.log"
-            with log.open("a") as f:
-                f.write(f"\n$ {' '.join(cmd + common)}\n")
-            procs.append((run, subprocess.Popen(cmd + common, cwd=ROOT, env=env, stdout=log.open("a"),
-                                                stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
-    print(f"started {len(procs)} runs", flush=True)
-    deadline = t0 + budget_s
+    todo = [run_dir(work, a, s) for a in ARMS for s in seeds if not finished(run_dir(work, a, s), max_steps)]
+    fresh = not any((r / "run.json").is_file() for r in todo)
+    deadline = t0 + budget_s - GRACE_S
+    procs = []
+
+    def start(run: Path, arm: str, seed: int) -> None:
+        cmd = [sys.executable, "-m", "trainer.train", "--config", str(RECIPE), "--arm", arm, "--seed", str(seed)]  # fmt: skip
+        cmd += ["--resume", str(run)] if (run / "run.json").is_file() else ["--output_dir", str(run)]
+        log = work / "runs" / f"{run.name}.log"
+        with log.open("a") as f:
+            f.write(f"\n$ {' '.join(cmd + common)}\n")
+        procs.append((run, subprocess.Popen(cmd + common, cwd=ROOT, env=env, stdout=log.open("a"),
+                                            stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
+
+    for i, run in enumerate(todo):
+        arm, seed = re.fullmatch(r"smollm2-(S\d)-s(\d+)", run.name).groups()
+        start(run, arm, int(seed))
+        if i == 0 and fresh and len(todo) > 1:  # until its first step row: generation and training compiled
+            leader = run / "results/steps.jsonl"
+            while not leader.is_file() and procs[0][1].poll() is None and time.perf_counter() < t0 + LEADER_S:
+                time.sleep(2)
+            print(f"leader {run.name}: {time.perf_counter() - t0:.0f} s to its first step", flush=True)
+    print(f"started {len(procs)} runs at {time.perf_counter() - t0:.0f} s", flush=True)
     while any(p.poll() is None for _, p in procs) and time.perf_counter() < deadline:
         time.sleep(5)
-    for _, p in procs:  # Ctrl-C: each run keeps its last state and exits
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGINT)
-    grace = time.perf_counter() + 45
-    for _, p in procs:
-        try:
-            p.wait(timeout=max(1, grace - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    stops = ((signal.SIGTERM, GRACE_S - 15), (signal.SIGINT, 10), (signal.SIGKILL, 5))
+    for sig, wait_s in stops:  # each run ends its step and saves it; a run still going after that is cut
+        live = [p for _, p in procs if p.poll() is None]
+        for p in live:  # SIGTERM to the trainer alone: its grader workers must finish the step's grading
+            (os.kill if sig == signal.SIGTERM else os.killpg)(p.pid, sig)
+        end = time.perf_counter() + wait_s
+        while any(p.poll() is None for p in live) and time.perf_counter() < end:
+            time.sleep(1)
     for run, p in procs:
+        p.wait()
         steps = run / "results/steps.jsonl"
         done = len(steps.read_text().splitlines()) if steps.is_file() else 0
-        print(
-            f"{run.name}: exit {p.returncode}, {done} step rows, finished={finished(run, max_steps)}",
-            flush=True,
-        )
+        states = sorted(d.name for d in run.glob("state[0-9]*"))
+        print(f"{run.name}: exit {p.returncode}, {done} step rows, states {states}, "
+              f"finished={finished(run, max_steps)}", flush=True)  # fmt: skip
     print(f"train wall {time.perf_counter() - t0:.0f} s", flush=True)
     pack(work, out)
     return 0
@@ -420,7 +456,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "base":
         return base(work, out, args.gguf, args.smoke)
-    return train(work, out, args.budget_s, args.smoke, tuple(int(s) for s in args.seeds.split(",")))
+    seeds = tuple(int(s) for s in args.seeds.split(","))
+    return train(work, out, args.budget_s, args.smoke, seeds, args.gguf)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Callbacks of a user's own module, named by path in tests (`tests.callback_examples:StopAtStep`)."""
 
 import json
+import os
+import signal
 from pathlib import Path
 
 from transformers import TrainerCallback
@@ -19,6 +21,21 @@ class StopAtStep(TrainerCallback, ExportableState):
 
     def state(self) -> dict:
         return {"args": {"step": self.step}, "attributes": {"stopped": self.stopped}}
+
+
+class SignalAtStep(TrainerCallback, ExportableState):
+    """Sends its own process SIGTERM once, at the end of step `step`, as a scheduler would (saved like StopAtStep)."""
+
+    def __init__(self, step: int):
+        self.step, self.sent = step, False
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def state(self) -> dict:
+        return {"args": {"step": self.step}, "attributes": {"sent": self.sent}}
 
 
 class HookLog(TrainerCallback):

@@ -417,3 +417,21 @@ def test_sync_ref_model_with_beta_runs_and_stateNNN_holds_the_reference(tiny_bas
     tensors, meta = export_callback_state(trainer)
     assert meta == {"SyncRefModelCallback#0": {"class": "trl.trainer.callbacks.SyncRefModelCallback"}}
     assert all(torch.equal(tensors[f"callbacks/SyncRefModelCallback#0/ref/{n}"], ref[n].float()) for n in ref)
+
+
+@pytest.mark.slow
+def test_sigterm_ends_the_run_after_its_step_saved_and_resume_is_bitwise_identical(
+    reference, tiny_base, embedded_snapshot, tmp_path
+):
+    """trainer/stop_signal.py: a scheduler's SIGTERM at step 1 (not a checkpoint step here) ends the run with
+    status 0 after step 1, saved; the resume finishes it exactly as the uninterrupted reference."""
+    out, signal_at = tmp_path / "T", 'tests.callback_examples:SignalAtStep={"step": 1}'
+    only_last = ["--checkpoint_steps", "2"]
+    proc = run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, signal_at) + only_last)
+    assert "stopping after step 1 on SIGTERM" in proc.stderr
+    assert json.loads((out / "run.json").read_text())["config"]["checkpoint_steps"] == [2]
+    assert (out / "state001").is_dir() and (out / "step001").is_dir() and not (out / "step002").exists()
+    rows = (out / "results/steps.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in rows] == [1]
+    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, signal_at, resume=True) + only_last)
+    same_run(out, reference)

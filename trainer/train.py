@@ -47,6 +47,7 @@ from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.grpo import CapGRPOTrainer
 from trainer.micro_batch import MicroBatch
 from trainer.steps_log import StepsLog
+from trainer.stop_signal import StopOnSignal
 
 REFUSALS = (ConfigError, RunDirError, RunLockedError, RunFileError, StateError, DiskFullError, SnapshotError)
 logger = logging.get_logger(__name__)
@@ -203,6 +204,7 @@ def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resum
     saving (CheckpointCallback), whose duration the next row reports. The recipe's callbacks come first, so
     one that stops training in on_step_end or on_log has its last step saved."""
     saver = CheckpointCallback(trainer, run_dir, base_dir=base)
+    trainer.add_callback(StopOnSignal(trainer.accelerator))  # SIGTERM/SIGUSR1: this step saved, then stop
     trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb, checkpoint_callback=saver))
     if eval_cb is not None:
         trainer.add_callback(eval_cb)

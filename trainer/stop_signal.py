@@ -1,0 +1,47 @@
+"""A scheduler's notice to stop: SIGTERM or SIGUSR1 ends the run after the step in progress, with that step
+saved (CheckpointCallback saves the step a stopping callback ends on), so `--resume` continues from it
+exactly. SLURM (`--signal`), Kubernetes and the experiment launchers send one of the two before they kill a
+job; Ctrl-C (SIGINT) still stops at once and keeps the last state saved before it."""
+
+import signal
+
+import torch
+from transformers import TrainerCallback
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class StopOnSignal(TrainerCallback):
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self.received: int | None = None
+        self.previous: dict[int, object] = {}
+
+    def _note(self, signum, _frame) -> None:
+        self.received = signum
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for s in SIGNALS:
+            try:
+                self.previous[s] = signal.signal(s, self._note)
+            except ValueError:  # not the main thread (a Python caller's worker thread): nothing to catch
+                return
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for s, handler in self.previous.items():  # a Python caller gets its own handlers back
+            signal.signal(s, handler)
+        self.previous.clear()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        asked = self.received is not None
+        if self.accelerator.num_processes > 1:  # every process stops at the same step, or the others hang
+            flag = torch.tensor([float(asked)], device=self.accelerator.device)
+            asked = bool(self.accelerator.reduce(flag, reduction="sum").item())
+        if asked:
+            name = signal.Signals(self.received).name if self.received else "another process's signal"
+            logger.warning("stopping after step %d on %s: it is saved; --resume continues from it",
+                           state.global_step, name)  # fmt: skip
+            control.should_training_stop = True
+        return control

@@ -429,9 +429,87 @@ def trajectory_table(where: Path, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+LAUNCH4 = "launch4"  # this session's twelve runs (PLAN.md, amendment 1): <arm>-s<seed>/ beside S2_vs_S0/
+
+
+def common_step(where: Path) -> int:
+    """The last step every one of the twelve runs evaluated: 30, or PLAN.md's deviation step."""
+    from rundir.files import Run
+
+    steps = [set(Run(where / f"smollm2-{a}-s{s}").evaluated()) for a in ARMS for s in SEEDS]
+    return max(set.intersection(*steps))
+
+
+def primary_block(where: Path) -> str:
+    """PLAN.md's primary (seed-level, heldout300) and the problem-level secondary, as analysis.compare has them."""
+    import tempfile
+
+    from analysis.compare import compare_runs
+    from analysis.report import headline, seed_headline
+
+    step = common_step(where)
+    runs = {arm: ",".join(str(where / f"smollm2-{arm}-s{s}") for s in SEEDS) for arm in ARMS}
+    with tempfile.TemporaryDirectory() as tmp:
+        c = compare_runs(runs["S2"], runs["S0"], tmp, step_a=step, step_b=step, primary="heldout300")
+    label = (
+        ""
+        if step == int(recipe()["max_steps"])
+        else " (PLAN.md's deviation: the last step all twelve evaluated)"
+    )
+    return (
+        f"### Primary: S2 − S0, heldout300, step {step}{label}: the seed-level test\n\n{seed_headline(c)}\n\n"
+        f"### Secondary: the problem-level test, given these twelve checkpoints\n\n{headline(c)}\n"
+    )
+
+
+def arm_trajectory(where: Path) -> str:
+    """Per arm, the mean over its six seeds at every evaluated step: accuracy, unresolved shares and length on
+    heldout300, and the training rows' entropy and median sampled-token logprob (the seed card's collapse)."""
+    import statistics
+
+    from rundir.files import Run
+
+    lines = [
+        "| step | heldout300 S0 / S2 | fixed32 S0 / S2 | format-rejected (heldout) S0 / S2 | truncated (heldout) "
+        "S0 / S2 | median length S0 / S2 | entropy S0 / S2 | median logprob S0 / S2 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+
+    def metrics(run: Run, rows: dict, step: int) -> list[float | None]:
+        held, fixed, row = run.score(step, "heldout300"), run.score(step, "fixed32"), rows.get(step, {})
+        return [100 * held.accuracy, 100 * fixed.accuracy, 100 * held.rate("format_rejected"),
+                100 * held.rate("truncated"), held.median_tokens, row.get("entropy_mean"),
+                row.get("logprob_median")]  # fmt: skip
+
+    per_arm = {
+        arm: [(Run(where / f"smollm2-{arm}-s{s}"), {r["step"]: r for r in _steps(where / f"smollm2-{arm}-s{s}")})
+              for s in SEEDS]
+        for arm in ARMS
+    }  # fmt: skip
+    formats = ("{:.1f}",) * 5 + ("{:.3f}",) * 2
+    for step in range(0, common_step(where) + 1, int(recipe()["eval_every"])):
+        means = {}
+        for arm, runs in per_arm.items():
+            columns = zip(*(metrics(run, rows, step) for run, rows in runs))
+            means[arm] = [None if None in col else statistics.mean(col) for col in columns]
+        cells = [
+            " / ".join("–" if means[arm][i] is None else fmt.format(means[arm][i]) for arm in ARMS)
+            for i, fmt in enumerate(formats)
+        ]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(where: Path = DOCS) -> str:
     """The README's tables, recomputed from the committed rows."""
-    return (
+    out = ""
+    if (where / LAUNCH4).is_dir():
+        out += (
+            primary_block(where / LAUNCH4)
+            + "\n### Per arm, mean over six seeds, every evaluation (launch 4)\n\n"
+        )
+        out += arm_trajectory(where / LAUNCH4) + "\n"
+    return out + (
         "### Training seeds 0-5, step 2 (launch 2, exploratory)\n\n"
         + seed_table(where / "attempt2")
         + "\n### Seed 0, every evaluation (launch 3, exploratory)\n\n"
@@ -439,21 +517,45 @@ def report(where: Path = DOCS) -> str:
     )
 
 
+def unpack(archive: Path, into: Path) -> int:
+    """The archive `train` packed, into the committed layout: <into>/smollm2-<arm>-s<seed>/ (run.json,
+    results/, card, log) and <into>/logs/; refuses to write over anything already there."""
+    if into.exists():
+        print(f"error: {into}: exists; unpack into a new folder", file=sys.stderr)
+        return 1
+    with tarfile.open(archive) as tar:
+        for member in tar.getmembers():
+            rel = Path(member.name).relative_to("real-experiment")
+            if not member.isfile() or rel.parts[0] != "runs":
+                continue
+            target = into / (Path(*rel.parts[1:]) if len(rel.parts) > 2 else Path("logs", rel.name))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(tar.extractfile(member).read())
+    print(f"unpacked {archive} into {into}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/real_experiment.py", description=__doc__.splitlines()[0])
-    ap.add_argument("command", choices=("base", "train", "report"))
+    ap.add_argument("command", choices=("base", "train", "report", "unpack"))
     ap.add_argument("--work", type=Path, default=ROOT / "artifacts/real-experiment")
     ap.add_argument("--out", type=Path, default=None, help="what comes back (default $OUT, else <work>/out)")
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF (default: the installed package's)")
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
     ap.add_argument("--smoke", action="store_true", help="CPU sizes: 1 step, tiny eval sets")
+    ap.add_argument(
+        "--archive", type=Path, help="unpack: the real-experiment.tar.gz a train call brought back"
+    )
+    ap.add_argument("--into", type=Path, default=DOCS / LAUNCH4, help="unpack: the new folder")
     args = ap.parse_args(argv)
     out = args.out or Path(os.environ.get("OUT") or args.work / "out")
     work = args.work.resolve()
     if args.command == "report":
         print(report(), end="")
         return 0
+    if args.command == "unpack":
+        return unpack(args.archive, args.into)
     if args.command == "base":
         return base(work, out, args.gguf, args.smoke)
     seeds = tuple(int(s) for s in args.seeds.split(","))

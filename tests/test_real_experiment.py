@@ -39,11 +39,30 @@ def test_every_run_started_after_the_plan_was_committed():
     plan_committed = (
         "2026-12-01T20:46:17Z"  # git log -1 --format=%cI -- docs/experiment-real/PLAN.md (cd2081e)
     )
+    amendment = "2026-12-02T00:03:27Z"  # amendment 1 (9e99860), before launch 4
     runs = sorted(DOCS.glob("*/smollm2-S*-s*/run.json"))
-    assert len(runs) == 12 + 12 + 2
+    assert len(runs) == 12 + 12 + 2 + 12
     for path in runs:
         info = json.loads(path.read_text())
-        assert info["started"] > plan_committed and info["code"]["commit"], path
+        after = amendment if path.parts[-3] == "launch4" else plan_committed
+        assert info["started"] > after and info["code"]["commit"], path
+
+
+def test_the_launch4_primary_is_what_analysis_compare_computes_from_the_rows(tmp_path):
+    """PLAN.md's primary: analysis.compare on the committed rows, against the README's headline table."""
+    from analysis.compare import compare_runs
+
+    bench = _bench()
+    where = DOCS / "launch4"
+    step = bench.common_step(where)
+    runs = {arm: [where / f"smollm2-{arm}-s{s}" for s in bench.SEEDS] for arm in bench.ARMS}
+    c = compare_runs(runs["S2"], runs["S0"], tmp_path, step_a=step, step_b=step, primary="heldout300")
+    held = c.seed_level["heldout300"]
+    readme = (DOCS / "README.md").read_text()
+    line = next(row for row in readme.splitlines() if row.startswith("| heldout300 (primary) |"))
+    cells = [x.strip() for x in line.strip("|").split("|")]
+    assert cells[1] == ", ".join(f"{d:+.1f}" for d in held.diffs_pp)
+    assert cells[2] == f"{held.mean:+.1f}" and cells[5] == held.test.p_text()
 
 
 def test_the_seed0_comparison_recomputes(tmp_path):

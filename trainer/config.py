@@ -191,7 +191,9 @@ class CapGRPOConfig(GRPOConfig):
         # unset micro-batch or checkpointing: the trainer sizes them (set_micro_batch); until then TRL's checks
         # see one micro-batch per process, and both read None
         auto_rows = self.per_device_train_batch_size is None
-        auto_ckpt = self.activation_checkpointing is None and self.gradient_checkpointing is None
+        auto_ckpt = (
+            getattr(self, "activation_checkpointing", None) is None and self.gradient_checkpointing is None
+        )
         self._micro_batch = None
         self._set_accumulation(rollouts // world if auto_rows else self.per_device_train_batch_size, world)
         self.steps_per_generation = None
@@ -205,7 +207,7 @@ class CapGRPOConfig(GRPOConfig):
             self.per_device_train_batch_size = self.gradient_accumulation_steps = None
             self.steps_per_generation = None
         if auto_ckpt:
-            self.activation_checkpointing = self.gradient_checkpointing = None
+            self._set_checkpointing(None)
         self._decide_backends(world, torch.cuda.is_available())
 
     def _set_accumulation(self, rows: int, world: int) -> None:
@@ -224,8 +226,15 @@ class CapGRPOConfig(GRPOConfig):
         self._set_accumulation(chosen.rows, world)
         self.steps_per_generation = self.gradient_accumulation_steps  # as GRPOConfig derives it
         self.generation_batch_size = self.groups_per_step * self.num_generations
-        self.activation_checkpointing = self.gradient_checkpointing = chosen.checkpointing
+        self._set_checkpointing(chosen.checkpointing)
         self._micro_batch = chosen
+
+    def _set_checkpointing(self, value: bool | None) -> None:
+        """transformers >= 5.2x renamed gradient_checkpointing to activation_checkpointing (the old name kept);
+        the GPU machine's 5.17 has only the old one."""
+        self.gradient_checkpointing = value
+        if hasattr(self, "activation_checkpointing"):
+            self.activation_checkpointing = value
 
     def resolved_micro_batch(self) -> MicroBatch | None:
         """The micro-batch the trainer chose (None before a trainer was built on this config)."""

@@ -320,6 +320,10 @@ def train(
             while not leader.is_file() and procs[0][1].poll() is None and time.perf_counter() < t0 + LEADER_S:
                 time.sleep(2)
             print(f"leader {run.name}: {time.perf_counter() - t0:.0f} s to its first step", flush=True)
+            if procs[0][1].poll() not in (None, 0):  # the others would fail the same way
+                log = (work / "runs" / f"{run.name}.log").read_text().splitlines()
+                print("\n".join(log[-25:]), file=sys.stderr)
+                return 1
     print(f"started {len(procs)} runs at {time.perf_counter() - t0:.0f} s", flush=True)
     while any(p.poll() is None for _, p in procs) and time.perf_counter() < deadline:
         time.sleep(5)

@@ -12,9 +12,11 @@ outcome at a smaller cap c follows from the same samples (generation is causal: 
 within c tokens is the same completion under cap c; any other is truncated at c). PLAN.md's rule, `choose`
 below, then picks the snapshot, temperature and cap; W/choice.json records it.
 
-`train` runs every arm x seed of PLAN.md (`python -m trainer.train --config configs/smollm2.yaml ...`) at
-once on the one GPU, resuming (exactly) the runs an earlier command left, and sends SIGINT to all when the
-budget is spent (each keeps its last stateNNN/; the next `train` resumes it). Both commands pack what the
+`train` runs every arm x seed of PLAN.md (`python -m trainer.train --config configs/smollm2.yaml ...`),
+`--parallel` at a time on the one GPU, a seed's pair together, resuming (exactly) the runs an earlier command
+left; when the budget is spent it sends SIGTERM (each run ends its step, saves it and exits; the next `train`
+resumes it), then SIGINT to a run still going (it keeps its last saved state). `unpack` writes what a call
+brought back into docs/experiment-real/<launch>/, and `report` prints the README's tables. Both commands pack what the
 repository keeps (run.json, steps.jsonl, eval rows, run cards, logs, the base report; never weights) into
 $OUT/real-experiment.tar.gz.
 """
@@ -277,16 +279,22 @@ def prepare(work: Path, gguf: Path | None) -> dict | None:
     return choice
 
 
-# On the lent H200 (16 cores, 139 GiB, 64 GiB of disk) the twelve runs share the machine: one intra-op thread
-# each (12 launch-bound processes and their graders on 16 cores), and no periodic saves (12 x 6 x 1.9 GB would
-# fill the disk; a stop saves its step, StopOnSignal, and the last step is always saved).
+# On the lent H200 (16 cores, 139 GiB, 64 GiB of disk) `parallel` runs at a time (twelve at once ran no more steps
+# in all than one alone, launch 4), one intra-op thread each, and no periodic saves (12 x 6 x 1.9 GB would fill
+# the disk; a stop saves its step, StopOnSignal, and the last step is always saved).
 SHARED_GPU = ["--checkpoint_every", "0"]
 LEADER_S = 240  # a fresh start: the first run fills the compile caches (inductor's, on disk) for the others
 GRACE_S = 75  # SIGTERM to the end of the step in progress and its save; then SIGINT (the last saved state)
 
 
 def train(
-    work: Path, out: Path, budget_s: float, smoke: bool, seeds: tuple[int, ...], gguf: Path | None
+    work: Path,
+    out: Path,
+    budget_s: float,
+    smoke: bool,
+    seeds: tuple[int, ...],
+    gguf: Path | None,
+    parallel: int,
 ) -> int:
     t0 = time.perf_counter()
     if (choice := prepare(work, gguf)) is None:
@@ -312,20 +320,30 @@ def train(
         procs.append((run, subprocess.Popen(cmd + common, cwd=ROOT, env=env, stdout=log.open("a"),
                                             stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
 
-    for i, run in enumerate(todo):
+    queue = sorted(todo, key=lambda r: (int(r.name.rsplit("-s", 1)[1]), r.name))  # a seed's pair together
+
+    def start_next() -> subprocess.Popen:
+        run = queue.pop(0)
         arm, seed = re.fullmatch(r"smollm2-(S\d)-s(\d+)", run.name).groups()
         start(run, arm, int(seed))
-        if i == 0 and fresh and len(todo) > 1:  # until its first step row: generation and training compiled
-            leader = run / "results/steps.jsonl"
-            while not leader.is_file() and procs[0][1].poll() is None and time.perf_counter() < t0 + LEADER_S:
-                time.sleep(2)
-            print(f"leader {run.name}: {time.perf_counter() - t0:.0f} s to its first step", flush=True)
-            if procs[0][1].poll() not in (None, 0):  # the others would fail the same way
-                log = (work / "runs" / f"{run.name}.log").read_text().splitlines()
-                print("\n".join(log[-25:]), file=sys.stderr)
-                return 1
-    print(f"started {len(procs)} runs at {time.perf_counter() - t0:.0f} s", flush=True)
-    while any(p.poll() is None for _, p in procs) and time.perf_counter() < deadline:
+        print(f"started {run.name} at {time.perf_counter() - t0:.0f} s", flush=True)
+        return procs[-1][1]
+
+    if fresh and len(queue) > 1:  # the first run alone until its first step row: generation compiled
+        leader = start_next()
+        steps = procs[0][0] / "results/steps.jsonl"
+        while not steps.is_file() and leader.poll() is None and time.perf_counter() < t0 + LEADER_S:
+            time.sleep(2)
+        if leader.poll() not in (None, 0):  # the others would fail the same way
+            log = (work / "runs" / f"{procs[0][0].name}.log").read_text().splitlines()
+            print("\n".join(log[-25:]), file=sys.stderr)
+            return 1
+    while time.perf_counter() < deadline:
+        live = [p for _, p in procs if p.poll() is None]
+        if not live and not queue:
+            break
+        while queue and len(live) < parallel:
+            live.append(start_next())
         time.sleep(5)
     stops = ((signal.SIGTERM, GRACE_S - 15), (signal.SIGINT, 10), (signal.SIGKILL, 5))
     for sig, wait_s in stops:  # each run ends its step and saves it; a run still going after that is cut
@@ -504,17 +522,57 @@ def arm_trajectory(where: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def launch_status(where: Path) -> str:
+    """Per run of a launch: the steps it logged and the steps it evaluated."""
+    from rundir.files import Run
+
+    lines = ["| run | steps logged | evaluated at steps |", "|---|---|---|"]
+    for arm in ARMS:
+        for seed in SEEDS:
+            run = where / f"smollm2-{arm}-s{seed}"
+            steps = [r["step"] for r in _steps(run)] if (run / "results/steps.jsonl").is_file() else []
+            evaluated = ", ".join(map(str, Run(run).evaluated()))
+            lines.append(f"| {run.name} | {max(steps, default=0)} | {evaluated} |")
+    return "\n".join(lines) + "\n"
+
+
+def timing_table(run: Path) -> str:
+    """One run's seconds per phase at every step, and its evaluations (heldout300, fixed32, format-rejected)."""
+    from rundir.files import Run
+
+    r = Run(run)
+    lines = ["| step | generate (s) | grade (s) | train (s) | eval (s) | heldout300 | fixed32 | format-rejected "
+             "(heldout) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in [{"step": 0, "seconds": {}}, *_steps(run)]:
+        sec, step = row["seconds"], row["step"]
+        held, fixed = r.score(step, "heldout300"), r.score(step, "fixed32")
+        scores = (
+            [f"{held.accuracy:.1%}", f"{fixed.accuracy:.1%}", f"{held.rate('format_rejected'):.1%}"]
+            if held
+            else ["–"] * 3
+        )
+        times = [f"{sec[k]:.1f}" if sec.get(k) else "–" for k in ("generate", "grade", "train", "eval")]
+        lines.append(f"| {step} | " + " | ".join(times + scores) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def report(where: Path = DOCS) -> str:
     """The README's tables, recomputed from the committed rows."""
-    out = ""
-    if (where / LAUNCH4).is_dir():
-        out += (
-            primary_block(where / LAUNCH4)
-            + "\n### Per arm, mean over six seeds, every evaluation (launch 4)\n\n"
-        )
-        out += arm_trajectory(where / LAUNCH4) + "\n"
-    return out + (
-        "### Training seeds 0-5, step 2 (launch 2, exploratory)\n\n"
+    launch = where / LAUNCH4
+    if common_step(launch) > 0:
+        out = primary_block(launch) + "\n### Per arm, mean over six seeds, every evaluation (launch 4)\n\n"
+        out += arm_trajectory(launch)
+    else:
+        out = "### Launch 4: how far each of the twelve runs got\n\n" + launch_status(launch)
+        out += ("\nNo step after 0 was evaluated by all twelve runs, so PLAN.md's deviation step is the untouched "
+                "base: no arm-level test.\n")  # fmt: skip
+    return (
+        out
+        + "\n### Launch 4 against launch 2 at step 2 (the same seeds: a reproduction, not a replication)\n\n"
+        + seed_table(launch)
+        + "\n### One run alone on the H200 (launch 5: S2, seed 0, the trainer's own micro-batch)\n\n"
+        + timing_table(where / "solo/smollm2-S2-s0")
+        + "\n### Training seeds 0-5, step 2 (launch 2, exploratory)\n\n"
         + seed_table(where / "attempt2")
         + "\n### Seed 0, every evaluation (launch 3, exploratory)\n\n"
         + trajectory_table(where / "runs")
@@ -523,7 +581,7 @@ def report(where: Path = DOCS) -> str:
 
 def unpack(archive: Path, into: Path) -> int:
     """The archive `train` packed, into the committed layout: <into>/smollm2-<arm>-s<seed>/ (run.json,
-    results/, card, log) and <into>/logs/; refuses to write over anything already there."""
+    results/, card) with its log beside it; refuses to write over anything already there."""
     if into.exists():
         print(f"error: {into}: exists; unpack into a new folder", file=sys.stderr)
         return 1
@@ -532,7 +590,7 @@ def unpack(archive: Path, into: Path) -> int:
             rel = Path(member.name).relative_to("real-experiment")
             if not member.isfile() or rel.parts[0] != "runs":
                 continue
-            target = into / (Path(*rel.parts[1:]) if len(rel.parts) > 2 else Path("logs", rel.name))
+            target = into / Path(*rel.parts[1:])
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(tar.extractfile(member).read())
     print(f"unpacked {archive} into {into}")
@@ -547,6 +605,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gguf", type=Path, default=None, help="the GGUF (default: the installed package's)")
     ap.add_argument("--budget-s", type=float, default=500)
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
+    ap.add_argument("--parallel", type=int, default=2, help="train: runs at a time on the GPU (default 2)")
     ap.add_argument("--smoke", action="store_true", help="CPU sizes: 1 step, tiny eval sets")
     ap.add_argument(
         "--archive", type=Path, help="unpack: the real-experiment.tar.gz a train call brought back"
@@ -563,7 +622,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "base":
         return base(work, out, args.gguf, args.smoke)
     seeds = tuple(int(s) for s in args.seeds.split(","))
-    return train(work, out, args.budget_s, args.smoke, seeds, args.gguf)
+    return train(work, out, args.budget_s, args.smoke, seeds, args.gguf, args.parallel)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """docs/experiment-real/: every number of its README recomputes from the committed rows."""
 
 import json
+import shutil
 from pathlib import Path
 
 from analysis.compare import main as compare_main
@@ -39,30 +40,34 @@ def test_every_run_started_after_the_plan_was_committed():
     plan_committed = (
         "2026-12-01T20:46:17Z"  # git log -1 --format=%cI -- docs/experiment-real/PLAN.md (cd2081e)
     )
-    amendment = "2026-12-02T00:03:27Z"  # amendment 1 (9e99860), before launch 4
+    amendment = "2026-12-02T00:03:27Z"  # amendment 1 (9e99860), before launches 4 and 5
     runs = sorted(DOCS.glob("*/smollm2-S*-s*/run.json"))
-    assert len(runs) == 12 + 12 + 2 + 12
+    assert len(runs) == 12 + 12 + 2 + 12 + 1
     for path in runs:
         info = json.loads(path.read_text())
-        after = amendment if path.parts[-3] == "launch4" else plan_committed
+        after = amendment if path.parts[-3] in ("launch4", "solo") else plan_committed
         assert info["started"] > after and info["code"]["commit"], path
 
 
-def test_the_launch4_primary_is_what_analysis_compare_computes_from_the_rows(tmp_path):
-    """PLAN.md's primary: analysis.compare on the committed rows, against the README's headline table."""
-    from analysis.compare import compare_runs
+def test_launch4_evaluated_no_step_after_0_in_every_run():
+    """What the README's 'no arm-level test' rests on: PLAN.md's deviation step for launch 4 is step 0."""
+    assert _bench().common_step(DOCS / "launch4") == 0
 
-    bench = _bench()
-    where = DOCS / "launch4"
-    step = bench.common_step(where)
-    runs = {arm: [where / f"smollm2-{arm}-s{s}" for s in bench.SEEDS] for arm in bench.ARMS}
-    c = compare_runs(runs["S2"], runs["S0"], tmp_path, step_a=step, step_b=step, primary="heldout300")
-    held = c.seed_level["heldout300"]
-    readme = (DOCS / "README.md").read_text()
-    line = next(row for row in readme.splitlines() if row.startswith("| heldout300 (primary) |"))
-    cells = [x.strip() for x in line.strip("|").split("|")]
-    assert cells[1] == ", ".join(f"{d:+.1f}" for d in held.diffs_pp)
-    assert cells[2] == f"{held.mean:+.1f}" and cells[5] == held.test.p_text()
+
+def test_the_primary_block_is_analysis_compare_seed_level_test(tmp_path):
+    """The code that reports PLAN.md's primary once a launch gets there, on six seed pairs that did (the embedded
+    seeds6 runs, renamed as a launch's): its table is compare's, the same numbers as the published report."""
+    bench, seeds6 = _bench(), REPO / "docs/experiment-embedded/seeds6"
+    for arm in bench.ARMS:
+        for seed in bench.SEEDS:
+            shutil.copytree(seeds6 / f"runs/{arm}-s{seed}", tmp_path / f"smollm2-{arm}-s{seed}")
+    assert bench.common_step(tmp_path) == 10
+    block = bench.primary_block(tmp_path)
+    published = (seeds6 / "S2_vs_S0/report.md").read_text()
+    primary = next(line for line in published.splitlines() if line.startswith("| heldout300 (primary) |"))
+    assert "step 10 (PLAN.md's deviation" in block and primary in block.splitlines()
+    table = bench.arm_trajectory(tmp_path).splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| 0", "| 5", "| 10"]
 
 
 def test_the_seed0_comparison_recomputes(tmp_path):

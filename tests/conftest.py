@@ -1,4 +1,5 @@
-"""Shared fixtures: one tiny base model per test run, reused by every slow test, and its task snapshot."""
+"""Shared fixtures: one tiny base model per test run, reused by every slow test, its task snapshot, and one
+embedded short run (tests/short_run.py) for the end-to-end tests that read a finished run."""
 
 import os
 from pathlib import Path
@@ -34,3 +35,12 @@ def embedded_snapshot(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("snap") / "synthetic.tasks.json"
     write_snapshot(embedded_tasks(), path)
     return path
+
+
+@pytest.fixture(scope="session")
+def short_run(tiny_base, embedded_snapshot, tmp_path_factory) -> Path:
+    """The embedded short run of tests/short_run.py (S4, 3 steps, BEMA, a stop that never fires, a hook log
+    at ../hooks.jsonl), trained once per session by `python -m trainer.train`. Treat it as read-only."""
+    from short_run import build
+
+    return build(tiny_base, embedded_snapshot, tmp_path_factory.mktemp("short") / "S4")

@@ -4,18 +4,13 @@ runs or is refused with its reason; stock callbacks and a `report_to` backend se
 user callback from a module path; callback state saved in stateNNN/ and restored; a stopping callback."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from scripted import make_trainer, tiny_random_model
+from short_run import BEMA, EVALUATED, run, same_run, train_args, train_cmd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from transformers import AutoTokenizer
 from trl.trainer.callbacks import BEMACallback, RichProgressCallback, SyncRefModelCallback
@@ -251,80 +246,18 @@ def test_callback_state_round_trips_and_a_missing_one_is_refused():
 
 
 # --- end to end on the shipped embedded base (subprocesses, as `make train` runs) ----------------------------
-# Two steps of two small groups, a state at each, evaluation at steps 0 and 2, BEMA averaging every step.
-TINY = ["--max_steps", "2", "--groups_per_step", "2", "--num_generations", "4", "--per_device_train_batch_size",
-        "8", "--problems_per_round", "4", "--max_sampling_rounds", "2", "--max_completion_length", "64",
-        "--heldout_size", "2", "--fixed_size", "2", "--fixed_samples", "1", "--eval_every", "2",
-        "--eval_batch_size", "8", "--checkpoint_steps", "1", "2", "--report_to", "none", "--grader_workers", "1",
-        "--disable_tqdm", "true"]  # fmt: skip
-BEMA = 'trl.BEMACallback={"update_freq": 1}'
-
-
-def launch(base: Path, snapshot: Path, out: Path, *callbacks: str, resume: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "trainer.train", "--config", str(REPO / "configs/embedded.yaml"), "--arm", "S2",
-           "--model_name_or_path", str(base), "--snapshot_path", str(snapshot), "--output_dir", str(out), *TINY,
-           "--callbacks", *callbacks]  # fmt: skip
-    return cmd + (["--resume", str(out)] if resume else [])
-
-
-def run_ok(cmd: list[str]) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return proc
-
-
-def same_run(a: Path, b: Path) -> None:
-    """Bitwise: steps.jsonl rows (timings aside), eval rows, the last weights, the last state (BEMA's buffers
-    included) and BEMA's averaged model."""
-
-    def rows(path: Path) -> list[dict]:
-        return [
-            {k: v for k, v in json.loads(line).items() if k != "seconds"}
-            for line in path.read_text().splitlines()
-        ]
-
-    assert rows(a / "results/steps.jsonl") == rows(b / "results/steps.jsonl")
-    for name in ("results/eval_step000.jsonl", "results/eval_step002.jsonl"):
-        assert (a / name).read_bytes() == (b / name).read_bytes(), name
-    for weights in ("step002/model.safetensors", "bema/model.safetensors"):
-        x, y = load_file(a / weights), load_file(b / weights)
-        assert x.keys() == y.keys() and all(x[k].equal(y[k]) for k in x), weights
-    (ta, ma), (tb, mb) = load_state(a / "state002"), load_state(b / "state002")
-    assert any(k.startswith("callbacks/FrozenSafeBEMACallback#0/ema/") for k in ta)
-    assert ta.keys() == tb.keys() and all(ta[k].equal(tb[k]) for k in ta)
-    bema = "FrozenSafeBEMACallback#0"  # (StopAtStep's entry differs: its own step and flag)
-    assert ma["callbacks"][bema] == mb["callbacks"][bema] and ma["rng"] == mb["rng"]
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_base, embedded_snapshot, tmp_path_factory) -> Path:
-    """Uninterrupted, with BEMA, a stopping callback that does not fire, and a hook log built with the trainer."""
-    out = tmp_path_factory.mktemp("cb") / "R"
-    hooks = out.parent / "hooks.jsonl"
-    stop = 'tests.callback_examples:StopAtStep={"step": 99}'
-    run_ok(
-        launch(
-            tiny_base,
-            embedded_snapshot,
-            out,
-            BEMA,
-            stop,
-            f'tests.callback_examples:HookLog={{"path": "{hooks}"}}',
-        )
-    )
-    return out
-
-
+# The session's shared short run (conftest.py `short_run`, tests/short_run.py): 3 steps, a state at each of
+# steps 1-3 (2 kept), evaluation at steps 0, 2 and 3, BEMA averaging every step, a stop that never fires, and
+# a hook log built with the trainer. SIGKILL and resume with BEMA: tests/test_train_e2e.py
+# ::test_sigkill_then_resume_is_bitwise_identical (it compares BEMA's averaged model and buffers too).
 @pytest.mark.slow
-def test_a_user_callback_sees_our_metrics_and_evaluation_through_on_log(reference):
-    info = json.loads((reference / "run.json").read_text())
+def test_a_user_callback_sees_our_metrics_and_evaluation_through_on_log(short_run):
+    info = json.loads((short_run / "run.json").read_text())
     assert [c["class"] for c in info["callbacks"]] == [
         "trainer.callbacks.FrozenSafeBEMACallback", "tests.callback_examples.StopAtStep",
         "tests.callback_examples.HookLog"]  # fmt: skip
-    assert "trl.BEMACallback" in (reference / "README.md").read_text()
-    seen = [json.loads(line) for line in (reference.parent / "hooks.jsonl").read_text().splitlines()]
+    assert "trl.BEMACallback" in (short_run / "README.md").read_text()
+    seen = [json.loads(line) for line in (short_run.parent / "hooks.jsonl").read_text().splitlines()]
     assert seen[0] == {"hook": "on_train_begin", "step": 0, "trainer": "CapGRPOTrainer"}
     assert {s["hook"] for s in seen} == {
         "on_train_begin",
@@ -333,11 +266,10 @@ def test_a_user_callback_sees_our_metrics_and_evaluation_through_on_log(referenc
         "on_train_end",
     }  # no on_evaluate
     logs = {s["step"]: s["keys"] for s in seen if s["hook"] == "on_log" and "train_runtime" not in s["keys"]}
-    assert sorted(logs) == [0, 1, 2]
-    assert (
-        "eval/heldout300/accuracy" in logs[0] and "eval/heldout300/accuracy" in logs[2]
-    )  # step 0's, step 2's
-    for step in (1, 2):
+    assert sorted(logs) == [0, 1, 2, 3]
+    for step in EVALUATED:  # step 0's evaluation has a log of its own; later ones join their step's
+        assert "eval/heldout300/accuracy" in logs[step], step
+    for step in (1, 2, 3):
         assert {"loss", "capgrpo/gate_stat", "capgrpo/groups/qualified", "capgrpo/outcomes/truncated"} <= set(
             logs[step]
         )
@@ -345,14 +277,15 @@ def test_a_user_callback_sees_our_metrics_and_evaluation_through_on_log(referenc
 
 
 @pytest.mark.slow
-def test_resume_refuses_a_callback_whose_state_is_not_saved(reference, tiny_base, embedded_snapshot, capsys):
-    before = {p: p.read_bytes() for p in sorted(reference.rglob("*")) if p.is_file()}
-    info = json.loads((reference / "run.json").read_text())
-    cmd = launch(tiny_base, embedded_snapshot, reference, *info["config"]["callbacks"], resume=True)
+def test_resume_refuses_a_callback_whose_state_is_not_saved(short_run, tiny_base, embedded_snapshot, capsys):
+    before = {p: p.read_bytes() for p in sorted(short_run.rglob("*")) if p.is_file()}
+    info = json.loads((short_run / "run.json").read_text())
+    argv = train_args(tiny_base, embedded_snapshot, callbacks=info["config"]["callbacks"])
+    argv += ["--output_dir", str(short_run), "--resume", str(short_run)]
     with pytest.raises(
         SystemExit
     ) as exit:  # `python -m trainer.train` in this process: refused before the model
-        train.main(cmd[3:])
+        train.main(argv)
     err = capsys.readouterr().err
     assert exit.value.code == 1 and "Traceback" not in err
     assert (
@@ -360,34 +293,15 @@ def test_resume_refuses_a_callback_whose_state_is_not_saved(reference, tiny_base
         .splitlines()[-1]
         .startswith("error: callbacks: tests.callback_examples:HookLog: its state is not saved in stateNNN/")
     )
-    assert {p: p.read_bytes() for p in sorted(reference.rglob("*")) if p.is_file()} == before
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume_with_bema_is_bitwise_identical(
-    reference, tiny_base, embedded_snapshot, tmp_path
-):
-    out, stop = tmp_path / "K", 'tests.callback_examples:StopAtStep={"step": 99}'
-    proc = subprocess.Popen(launch(tiny_base, embedded_snapshot, out, BEMA, stop), cwd=REPO,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    deadline = time.time() + 600
-    while not (out / "state001").is_dir():
-        assert proc.poll() is None and time.time() < deadline, "training ended before state001 appeared"
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "step002").exists() and not (out / "bema").exists()
-    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, stop, resume=True))
-    same_run(out, reference)
+    assert {p: p.read_bytes() for p in sorted(short_run.rglob("*")) if p.is_file()} == before
 
 
 @pytest.mark.slow
 def test_a_stopping_callback_ends_the_run_cleanly_and_it_resumes_exactly(
-    reference, tiny_base, embedded_snapshot, tmp_path
+    short_run, tiny_base, embedded_snapshot, tmp_path
 ):
     out, stop = tmp_path / "S", 'tests.callback_examples:StopAtStep={"step": 1}'
-    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, stop))
+    run(train_cmd(tiny_base, embedded_snapshot, out, callbacks=(BEMA, stop)))
     steps = [json.loads(line)["step"] for line in (out / "results/steps.jsonl").read_text().splitlines()]
     assert steps == [1] and not (out / "step002").exists()
     assert (out / "step001/model.safetensors").is_file() and (
@@ -395,8 +309,8 @@ def test_a_stopping_callback_ends_the_run_cleanly_and_it_resumes_exactly(
     ).is_file()  # saved, card written
     _, meta = load_state(out / "state001")  # the stop is in the state: the resumed run does not stop again
     assert meta["callbacks"]["StopAtStep#0"]["state"]["attributes"] == {"stopped": True}
-    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, stop, resume=True))
-    same_run(out, reference)
+    run(train_cmd(tiny_base, embedded_snapshot, out, callbacks=(BEMA, stop), resume=out))
+    same_run(out, short_run)
 
 
 @pytest.mark.slow

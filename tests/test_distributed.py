@@ -40,7 +40,7 @@ def test_two_processes_match_one(tmp_path):
 def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedded_snapshot, tmp_path):
     """Each process's RNG streams are saved and restored: a 2-process run killed (the whole process tree)
     after state001/ and resumed equals an uninterrupted one (bench/resume_check.py does the three runs)."""
-    from tests.test_train_e2e import train_args
+    from short_run import train_args
 
     report = tmp_path / "report.json"
     cmd = [

@@ -1,5 +1,6 @@
 """End to end on the tiny base: `python -m trainer.train` writes a complete run directory, and a run
-killed with SIGKILL and resumed is bitwise identical to an uninterrupted one (SPEC §6)."""
+killed with SIGKILL and resumed is bitwise identical to an uninterrupted one (SPEC §6). The finished run they
+read is the session's shared short run (conftest.py `short_run`, tests/short_run.py)."""
 
 import json
 import os
@@ -7,80 +8,19 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
+from short_run import REPO, RESUMABLE, rows, run, same_run, train_args, train_cmd
 
-from rundir.state import load_state
 from rundir.step import verify_step
 from trainer import evaluation, train
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
-
-# Small enough for CI's 2 cores, big enough that groups qualify and the weights move: the shipped base
-# qualifies ~92% of its 8-sample groups under S4's gate v2 and ~55% under S2's v1 (docs/embedded_default.md;
-# the steps.jsonl rows of docs/experiment-embedded), so 4 problems a round fill the 2 groups, mostly in one
-# round (a second one in about 1 step in 4 under S2).
-SMALL = {
-    "max_steps": 3,
-    "groups_per_step": 2,
-    "num_generations": 8,
-    "per_device_train_batch_size": 8,
-    "problems_per_round": 4,
-    "max_sampling_rounds": 3,
-    "max_completion_length": 160,
-    "heldout_size": 6,
-    "fixed_size": 3,
-    "fixed_samples": 2,
-    "eval_every": 2,
-    "eval_batch_size": 16,
-    "checkpoint_steps": "1 2",
-    "report_to": "none",
-    "grader_workers": 1,
-    "disable_tqdm": "true",
-}
 
 
-def train_args(base: Path, snapshot: Path, arm: str = "S4", **extra) -> list[str]:
-    """`trainer.train`'s arguments for the SMALL run of an embedded recipe."""
-    args = {**SMALL, "model_name_or_path": base, "snapshot_path": snapshot, **extra}
-    cli = ["--config", str(REPO / "configs/embedded.yaml"), "--arm", arm]
-    for k, v in args.items():
-        cli += [f"--{k}", *str(v).split()]
-    return cli
-
-
-def train_cmd(base: Path, snapshot: Path, out: Path, arm: str = "S4", **extra) -> list[str]:
-    return [sys.executable, "-m", "trainer.train", *train_args(base, snapshot, arm, output_dir=out, **extra)]
-
-
-def run(cmd: list[str]) -> None:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-
-
-def rows(path: Path, drop=("seconds",)) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        for k in drop:
-            row.pop(k, None)
-        out.append(row)
-    return out
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_base, embedded_snapshot, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs") / "S4"
-    run(train_cmd(tiny_base, embedded_snapshot, out))
-    return out
-
-
-def test_run_directory_is_complete(uninterrupted):
-    run_dir = uninterrupted
+def test_run_directory_is_complete(short_run):
+    run_dir = short_run
     info = json.loads((run_dir / "run.json").read_text())
     assert (
         info["arm"] == "S4" and info["policy_id"] == "affine-unresolved-failure-v2" and info["gate"] == "v2"
@@ -114,11 +54,13 @@ def test_run_directory_is_complete(uninterrupted):
     assert not (run_dir / ".lock").exists()  # the run's lock goes with the run
 
 
-def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embedded_snapshot, tmp_path):
+def test_sigkill_then_resume_is_bitwise_identical(short_run, tiny_base, embedded_snapshot, tmp_path):
+    """SIGKILL after state001/, then --resume: the same rows, weights and state as the uninterrupted shared run, BEMA's
+    averaged model and buffers included (the run keeps the shared run's callbacks but its hook log)."""
     out = tmp_path / "S4"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(
-        train_cmd(tiny_base, embedded_snapshot, out),
+        train_cmd(tiny_base, embedded_snapshot, out, callbacks=RESUMABLE),
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -131,7 +73,7 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embe
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)  # the trainer and its grader workers, mid-run
     proc.wait()
-    assert not (out / "step003").exists()
+    assert not (out / "step003").exists() and not (out / "bema").exists()
     exited = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
     )
@@ -139,7 +81,7 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embe
     (out / f".run.json.tmp-{int(exited.stdout)}-x1y2z3").write_text('{"ha')  # and a run.json write
     original = json.loads((out / "run.json").read_text())
 
-    run(train_cmd(tiny_base, embedded_snapshot, out, resume=out))
+    run(train_cmd(tiny_base, embedded_snapshot, out, callbacks=RESUMABLE, resume=out))
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # removed at the start
     info = json.loads((out / "run.json").read_text())
     assert {k: v for k, v in info.items() if k not in ("resumes", "best_step")} == {
@@ -148,39 +90,29 @@ def test_sigkill_then_resume_is_bitwise_identical(uninterrupted, tiny_base, embe
     assert [(e["from_state"], e["changed"]) for e in info["resumes"]] == [
         ("state001", {})
     ]  # ... only added to
-
-    ref = uninterrupted
-    assert rows(out / "results" / "steps.jsonl") == rows(ref / "results" / "steps.jsonl")
-    for step in (0, 2, 3):
-        name = f"results/eval_step{step:03d}.jsonl"
-        assert rows(out / name, drop=()) == rows(ref / name, drop=())
-    a, b = load_file(out / "step003" / "model.safetensors"), load_file(ref / "step003" / "model.safetensors")
-    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)
-    (ta, ma), (tb, mb) = load_state(out / "state003"), load_state(ref / "state003")
-    assert ta.keys() == tb.keys() and all(ta[k].equal(tb[k]) for k in ta)
-    assert ma["task_sampler"] == mb["task_sampler"] and ma["rng"] == mb["rng"]
+    same_run(out, short_run)
 
 
 def test_fresh_run_into_a_finished_run_is_refused_and_changes_nothing(
-    uninterrupted, tiny_base, embedded_snapshot, capsys
+    short_run, tiny_base, embedded_snapshot, capsys
 ):
     # in this process (`python -m trainer.train` is `train.main`): the refusal comes before any model or
     # worker starts, so a subprocess would only add its imports (tests/test_resume_refusals.py does the same)
-    before = {p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file()}
+    before = {p: p.read_bytes() for p in sorted(short_run.rglob("*")) if p.is_file()}
     with pytest.raises(SystemExit) as exit:
-        train.main(train_args(tiny_base, embedded_snapshot, output_dir=uninterrupted))
+        train.main(train_args(tiny_base, embedded_snapshot, output_dir=short_run))
     err = capsys.readouterr().err
     assert exit.value.code == 1 and err.strip().splitlines()[-1].startswith(
-        f"error: output_dir {uninterrupted} is not empty"
+        f"error: output_dir {short_run} is not empty"
     )
     assert "Traceback" not in err
-    assert {p: p.read_bytes() for p in sorted(uninterrupted.rglob("*")) if p.is_file()} == before
+    assert {p: p.read_bytes() for p in sorted(short_run.rglob("*")) if p.is_file()} == before
 
 
-def test_standalone_eval_reproduces_training_rows(uninterrupted):
+def test_standalone_eval_reproduces_training_rows(short_run):
     """`make eval` (`python -m trainer.evaluation`, i.e. `evaluation.main`, here in this process) on saved
     checkpoints gives byte-identical rows to the in-training evaluation."""
-    files = [uninterrupted / "results" / f"eval_step{s:03d}.jsonl" for s in (2, 3)]
+    files = [short_run / "results" / f"eval_step{s:03d}.jsonl" for s in (2, 3)]
     before = [f.read_bytes() for f in files]
-    assert evaluation.main([str(uninterrupted), "--steps", "2,3"]) == 0
+    assert evaluation.main([str(short_run), "--steps", "2,3"]) == 0
     assert [f.read_bytes() for f in files] == before

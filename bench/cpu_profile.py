@@ -4,9 +4,12 @@ Side by side in one process, interleaved: one in-training evaluation (the recipe
 one rollout round (`problems_per_round` prompts x `num_generations`, as TRL calls generate), each
 `--repeats` times per arm. Prints wall and CPU seconds (user+sys of this process) as min/median/max, the
 rows computed per decode step, and checks that both arms give the same tokens. `--profile N` instead
-prints cProfile's top N functions of one evaluation and one round with our loop.
+prints cProfile's top N functions of one evaluation and one round with our loop. `--threads` instead times
+one training micro-batch (forward + backward of `per_device_train_batch_size` rollouts) and one rollout
+round at one and at two intra-op threads, interleaved, and checks that logits, gradients and tokens are
+bitwise the same at both.
 
-    python bench/cpu_profile.py [--recipe configs/embedded.yaml] [--repeats 3] [--profile 25]
+    python bench/cpu_profile.py [--recipe configs/embedded.yaml] [--repeats 3] [--profile 25] [--threads]
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ def main() -> int:
     parser.add_argument("--recipe", default="configs/embedded.yaml")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's top N functions instead")
+    parser.add_argument(
+        "--threads", action="store_true", help="the training pass and a round at 1 vs 2 threads"
+    )
     args = parser.parse_args()
     recipe = yaml.safe_load(Path(args.recipe).read_text())
     torch.set_num_threads(1)  # what train.py sets for the embedded recipe (cpu_threads)
@@ -95,6 +101,8 @@ def main() -> int:
             return model.generate(**batch, generation_config=rollout_config).tolist()
 
     phases = {"evaluation (556 samples)": lambda r: evaluate(), f"rollout round ({n} x {G})": rollout}
+    if args.threads:
+        return thread_table(model, recipe, args.repeats, lambda r: rollout(r))
     if args.profile:
         for name, phase in phases.items():
             profiler = cProfile.Profile()
@@ -129,6 +137,46 @@ def main() -> int:
                 f"  {arm:>12}: wall {_mmm(wall)}  cpu {_mmm(cpu)}  row-tokens fed {work[arm]:,}"
                 f" ({work[arm] / work['transformers']:.2f})"
             )
+    return 0
+
+
+def thread_table(model, recipe: dict, repeats: int, rollout) -> int:
+    """One training micro-batch (padded to prompt + cap, as TRL pads a step's rollouts) and one rollout round
+    (TRL's own generate, no compaction) at 1 and 2 intra-op threads, interleaved; outputs compared bitwise."""
+    rows, width = recipe["per_device_train_batch_size"], 100 + recipe["max_completion_length"]
+    torch.manual_seed(0)
+    ids = torch.randint(10, model.config.text_config.vocab_size, (rows, width))
+
+    def train_pass(_):
+        model.train()
+        model.zero_grad()
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+        logits.log_softmax(-1).mean().backward()
+        model.eval()
+        return [logits.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    phases = {f"training micro-batch ({rows} x {width} tokens)": train_pass, "rollout round": rollout}
+    for name, phase in phases.items():
+        times, outputs = {1: [], 2: []}, {}
+        for r in range(repeats):
+            for threads in times:
+                torch.set_num_threads(threads)
+                wall, cpu = time.perf_counter(), cpu_seconds()
+                outputs[threads] = phase(r)
+                times[threads].append((time.perf_counter() - wall, cpu_seconds() - cpu))
+            same = (
+                all(torch.equal(a, b) for a, b in zip(*outputs.values(), strict=True))
+                if name != "rollout round"
+                else outputs[1] == outputs[2]
+            )
+            if not same:
+                print(f"{name}: 1 and 2 threads gave different results", file=sys.stderr)
+                return 1
+        print(f"{name}: bitwise the same in {repeats} interleaved repeats; seconds min / median / max")
+        for threads, values in times.items():
+            wall, cpu = ([v[i] for v in values] for i in (0, 1))
+            print(f"  {threads} thread{'s' if threads > 1 else ' '}: wall {_mmm(wall)}  cpu {_mmm(cpu)}")
+    torch.set_num_threads(1)
     return 0
 
 

@@ -72,3 +72,46 @@ def test_greedy_goes_to_transformers_loop(base):
     expected, _ = generate(model, ids, mask, config, 0, compact=False)
     got, rows = generate(model, ids, mask, config, 0, compact=True)
     assert torch.equal(got, expected) and set(rows) == {len(ids)}
+
+
+def test_generation_runs_on_one_thread_and_the_training_pass_is_the_same_on_two(base):
+    """configs/embedded.yaml trains on two intra-op threads (cpu_threads: 2) and generates on one: the decode
+    loop pins one thread for the call, and a training micro-batch's logits and gradients are bitwise those of
+    one thread, so the rows do not depend on the thread count."""
+    model, tokenizer = base
+    seen = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(torch.get_num_threads()), with_kwargs=True
+    )
+    ids, mask = left_padded(tokenizer, [t["problem"] for t in embedded_tasks()[:4]])
+    config = GenerationConfig(
+        max_new_tokens=4, do_sample=True, top_k=0, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=[tokenizer.eos_token_id], disable_compile=True,
+    )  # fmt: skip
+    torch.set_num_threads(2)
+    try:
+        with torch.no_grad(), cpu_generation.compact_decoding(model):
+            model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        assert (
+            seen and set(seen) == {1} and torch.get_num_threads() == 2
+        )  # pinned for the call, then restored
+        hook.remove()
+        batch = torch.randint(
+            10, len(tokenizer), (16, 260), generator=torch.Generator().manual_seed(0)
+        )  # a micro-batch
+        passes = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            model.train()
+            model.zero_grad()
+            logits = model(input_ids=batch, attention_mask=torch.ones_like(batch)).logits
+            logits.log_softmax(-1).mean().backward()
+            passes.append(
+                [logits.detach(), *(p.grad.clone() for p in model.parameters() if p.grad is not None)]
+            )
+    finally:
+        hook.remove()
+        model.zero_grad(set_to_none=True)
+        model.eval()
+        torch.set_num_threads(1)
+    assert len(passes[0]) > 1 and all(torch.equal(a, b) for a, b in zip(*passes, strict=True))

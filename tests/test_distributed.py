@@ -51,7 +51,8 @@ def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedde
         "--out",
         str(tmp_path / "rc"),
     ]
-    cmd += ["--report", str(report), "--", *train_args(tiny_base, embedded_snapshot, arm="S2")]
+    # two processes on CI's 2 cores: one intra-op thread each (the recipe's 2 are for a run alone)
+    cmd += ["--report", str(report), "--", *train_args(tiny_base, embedded_snapshot, arm="S2", cpu_threads=1)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]

@@ -283,7 +283,7 @@ def test_write_eval_is_exclusive_per_cap(tmp_path, rows):
     ]
 
 
-def test_callback_fires_at_step_zero_every_n_and_at_the_last_step(tmp_path, model, tok):
+def test_callback_fires_at_step_zero_every_n_and_at_the_last_step(tmp_path, model, tok, capsys):
     logged = []
     small = {HELDOUT: TASKS[:2]}
     callback = EvalCallback(tmp_path, small, SPEC, eval_every=3, tokenizer=tok, log_fn=logged.append)
@@ -304,6 +304,13 @@ def test_callback_fires_at_step_zero_every_n_and_at_the_last_step(tmp_path, mode
         f"eval_step{s:03d}.jsonl" for s in evaluated
     ]
     assert len(logged) == 4 and set(logged[0]) >= {f"eval/{HELDOUT}/{o.value}" for o in Outcome}
+    said = capsys.readouterr().err.splitlines()  # each evaluation is a phase of its own on the console
+    assert [line for line in said if line.startswith("evaluating step ")] == [
+        f"evaluating step {s}: 2 samples" for s in evaluated
+    ]
+    assert [line.split(" evaluated in ")[0] for line in said if " evaluated in " in line] == [
+        f"step {s}" for s in evaluated
+    ]
     resumed = EvalCallback(tmp_path / "resumed", small, SPEC, eval_every=3, tokenizer=tok)
     resumed.on_train_begin(None, TrainerState(max_steps=7, global_step=4), control, model=model)
     assert resumed.last_step is None and not (tmp_path / "resumed").exists()

@@ -80,6 +80,18 @@ def test_one_seed_runs_are_named_by_arm(launched, tmp_path):
     assert not any("--seed" in c for c in launched["train"])
 
 
+def test_parallel_runs_train_on_one_thread_each_unless_the_arguments_say_otherwise(launched, tmp_path):
+    """The embedded recipe's two-thread training pass is for a run alone on the cores (configs/embedded.yaml)."""
+    assert experiment.main(["--arms", "S0,S2", "--runs", str(tmp_path / "a"), "--jobs", "2"]) == 0
+    assert [flag(c, "--cpu_threads") for c in launched["train"]] == ["1", "1"]
+    argv = ["--arms", "S0,S2", "--runs", str(tmp_path / "b"), "--jobs", "2", "--", "--cpu_threads", "2"]
+    assert experiment.main(argv) == 0
+    assert all(c[-2:] == ["--cpu_threads", "2"] for c in launched["train"][2:])  # the last one given wins
+    launched["train"].clear()
+    assert experiment.main(["--arms", "S0,S2", "--runs", str(tmp_path / "c"), "--jobs", "1"]) == 0
+    assert not any("--cpu_threads" in c for c in launched["train"])  # one at a time: the recipe's
+
+
 def test_a_failed_run_stops_the_experiment_before_any_comparison(launched, tmp_path, capsys):
     launched["fail"].add("S2")
     assert experiment.main(["--arms", "S0,S2", "--runs", str(tmp_path), "--jobs", "1"]) == 1

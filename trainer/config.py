@@ -322,12 +322,13 @@ class CapGRPOConfig(GRPOConfig):
 
 # --- resume: which differences from the run's own config keep a resume exact ----------------------------
 # Changing these alters no rollout, gradient or RNG draw: cadence of evaluation/checkpoints/logging, the
-# number of steps (under a constant learning rate), grader parallelism (grading is deterministic) and where
+# number of steps (under a constant learning rate), grader parallelism (grading is deterministic), training
+# threads (generation runs on one; the training pass gives the same logits and gradients at 1 and 2) and where
 # results are reported or pushed.
 RESUME_MAY_CHANGE = frozenset(
     {"max_steps", "eval_every", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
-     "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica", "log_on_each_node",
-     "logging_first_step", "logging_nan_inf_filter", "log_completions", "num_completions_to_print",
+     "cpu_threads", "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica",
+     "log_on_each_node", "logging_first_step", "logging_nan_inf_filter", "log_completions", "num_completions_to_print",
      "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
      "hub_revision", "log_completions_hub_repo"}
 )  # fmt: skip

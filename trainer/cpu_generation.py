@@ -131,17 +131,29 @@ def _take_rows(model_kwargs: dict, rows: torch.Tensor) -> dict:
 
 @contextlib.contextmanager
 def compact_decoding(model) -> Iterator[None]:
-    """For the call, `model.generate` on a CPU decodes with `compact_sample` (elsewhere: unchanged).
+    """For the call, `model.generate` on a CPU decodes with `compact_sample` (elsewhere: unchanged), on one
+    intra-op thread.
 
-    An instance attribute, removed afterwards, so callers that build their own generate call (TRL's rollouts)
-    get it too. Not under torch.distributed: generate's `synced_gpus` (FSDP, ZeRO-3) does not reach a
-    `custom_generate`."""
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if model is None or model.device.type != "cpu" or "generate" in model.__dict__ or distributed:
+    One thread: the decode step's ops are small (<= 128 rows x 256), and a second thread made a rollout round
+    or an evaluation slower, not faster, while the training pass gains from it (`cpu_threads`; BENCH:
+    bench/cpu_profile.py --threads). The tokens are the same at any thread count (tests/test_cpu_generation.py).
+    `compact_sample` is an instance attribute, removed afterwards, so callers that build their own generate
+    call (TRL's rollouts) get it too. Not under torch.distributed: generate's `synced_gpus` (FSDP, ZeRO-3)
+    does not reach a `custom_generate`."""
+    if model is None or model.device.type != "cpu":
         yield
         return
-    model.generate = functools.partial(model.generate, custom_generate=compact_sample)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
-        yield
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        if "generate" in model.__dict__ or distributed:
+            yield
+            return
+        model.generate = functools.partial(model.generate, custom_generate=compact_sample)
+        try:
+            yield
+        finally:
+            del model.generate
     finally:
-        del model.generate
+        torch.set_num_threads(threads)

@@ -28,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from accelerate import PartialState  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
 from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
@@ -375,6 +376,9 @@ class EvalCallback(TrainerCallback):
         elif dist.is_main_process:
             weights = checkpoint_weights(model)
         if dist.is_main_process:
+            n = sum(len(tasks) * self.spec.samples[name] for name, tasks in self.tasks_by_set.items())
+            # its own phase on the console: the progress bar counts optimizer steps and stands still meanwhile
+            tqdm.write(f"evaluating step {step}: {n} samples", file=sys.stderr)
             llm = self.llm_fn() if self.llm_fn is not None else None
             rows = run_eval(
                 weights,
@@ -388,6 +392,14 @@ class EvalCallback(TrainerCallback):
             # a resumed run redoing this step supersedes what the interrupted run wrote
             write_eval(self.run_dir, step, rows, overwrite=True)
             self.last_summary = summarize(rows)
+            accuracy = ", ".join(
+                f"{name} {v['accuracy']:.3f}"
+                for name, v in self.last_summary.items()
+                if v["accuracy"] is not None
+            )
+            tqdm.write(
+                f"step {step} evaluated in {time.perf_counter() - start:.1f} s: {accuracy}", file=sys.stderr
+            )
             if self.log_fn is not None:
                 self.log_fn(log_metrics(self.last_summary))
         dist.wait_for_everyone()

@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             arm, name, a_extra = queue.pop(0)
             log = args.runs / f"{name}.log"
             cmd = [sys.executable, "-m", "trainer.train", "--config", args.recipe, "--arm", arm]
-            cmd += ["--output_dir", str(args.runs / name), *a_extra, *extra]
+            cmd += ["--output_dir", str(args.runs / name), *a_extra]
+            # parallel runs: one intra-op thread each (two-thread training passes would share the cores)
+            cmd += [*(["--cpu_threads", "1"] if args.jobs > 1 else []), *extra]
             print(
                 f"[{time.perf_counter() - t0:6.0f} s] train {name}: {' '.join(cmd[1:])}  (log {log})",
                 flush=True,

@@ -16,6 +16,10 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
+# Threads waiting for work sleep instead of spinning: on a CPU shared with other work the spinning threads of a
+# two-thread training pass (cpu_threads: 2) stalled it ~4x (bench/cpu_profile.py --threads). Read at torch load.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import torch
 import transformers
 from accelerate import PartialState

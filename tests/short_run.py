@@ -62,10 +62,11 @@ def train_cmd(base: Path, snapshot: Path, out: Path, arm: str = "S4", callbacks=
     return [sys.executable, "-m", "trainer.train", *args]
 
 
-def run(cmd: list[str]) -> None:
+def run(cmd: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return proc
 
 
 def build(base: Path, snapshot: Path, out: Path) -> Path:

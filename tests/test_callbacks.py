@@ -337,17 +337,17 @@ def test_sync_ref_model_with_beta_runs_and_stateNNN_holds_the_reference(tiny_bas
 
 @pytest.mark.slow
 def test_sigterm_ends_the_run_after_its_step_saved_and_resume_is_bitwise_identical(
-    reference, tiny_base, embedded_snapshot, tmp_path
+    short_run, tiny_base, embedded_snapshot, tmp_path
 ):
     """trainer/stop_signal.py: a scheduler's SIGTERM at step 1 (not a checkpoint step here) ends the run with
-    status 0 after step 1, saved; the resume finishes it exactly as the uninterrupted reference."""
+    status 0 after step 1, saved; the resume finishes it exactly as the uninterrupted shared run."""
     out, signal_at = tmp_path / "T", 'tests.callback_examples:SignalAtStep={"step": 1}'
-    only_last = ["--checkpoint_steps", "2"]
-    proc = run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, signal_at) + only_last)
+    launch = dict(callbacks=(BEMA, signal_at), checkpoint_steps="2")
+    proc = run(train_cmd(tiny_base, embedded_snapshot, out, **launch))
     assert "stopping after step 1 on SIGTERM" in proc.stderr
     assert json.loads((out / "run.json").read_text())["config"]["checkpoint_steps"] == [2]
     assert (out / "state001").is_dir() and (out / "step001").is_dir() and not (out / "step002").exists()
     rows = (out / "results/steps.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in rows] == [1]
-    run_ok(launch(tiny_base, embedded_snapshot, out, BEMA, signal_at, resume=True) + only_last)
-    same_run(out, reference)
+    run(train_cmd(tiny_base, embedded_snapshot, out, resume=out, **launch))
+    same_run(out, short_run)

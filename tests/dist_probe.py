@@ -21,11 +21,12 @@ class Patch:
         setattr(obj, name, value)
 
 
-def main(out_dir: str, result: str) -> None:
+def main(out_dir: str, result: str, patch=None) -> None:
+    """`patch`: pytest's monkeypatch when the one-process case runs inside the test process."""
     trainer = make_trainer(
         tiny_random_model(),
         Path(out_dir),
-        Patch(),
+        patch or Patch(),
         "S2",
         SCRIPT,
         groups_per_step=4,

@@ -328,8 +328,8 @@ class CapGRPOConfig(GRPOConfig):
 RESUME_MAY_CHANGE = frozenset(
     {"max_steps", "eval_every", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
      "cpu_threads", "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica",
-     "log_on_each_node", "logging_first_step", "logging_nan_inf_filter", "log_completions", "num_completions_to_print",
-     "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
+     "log_on_each_node", "logging_first_step", "logging_nan_inf_filter", "log_completions",
+     "num_completions_to_print", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
      "hub_revision", "log_completions_hub_repo"}
 )  # fmt: skip
 # Not compared at all: the resume flags, and output_dir (validate() ties it to --resume).

@@ -136,7 +136,7 @@ def compact_decoding(model) -> Iterator[None]:
 
     One thread: the decode step's ops are small (<= 128 rows x 256), and a second thread made a rollout round
     or an evaluation slower, not faster, while the training pass gains from it (`cpu_threads`; BENCH:
-    bench/cpu_profile.py --threads). The tokens are the same at any thread count (tests/test_cpu_generation.py).
+    bench/cpu_profile.py --threads). Pinned, the tokens do not depend on the process's thread setting.
     `compact_sample` is an instance attribute, removed afterwards, so callers that build their own generate
     call (TRL's rollouts) get it too. Not under torch.distributed: generate's `synced_gpus` (FSDP, ZeRO-3)
     does not reach a `custom_generate`."""

@@ -35,6 +35,8 @@ PLACE_FIELDS = (  # where the run was written and how it reported, not what it t
     "hub_strategy",
     "hub_always_push",
     "hub_revision",
+    "cpu_threads",  # and on how many threads or grader processes: neither changes a row (tests/test_cpu_generation.py)
+    "grader_workers",
 )
 
 

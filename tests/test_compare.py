@@ -595,3 +595,15 @@ def test_a_step_zero_only_run_draws_sane_axes(tmp_path):
     assert [t.get_text() for t in logp.texts] == ["no training steps logged"]
     for fig in figs.values():
         plt.close(fig)
+
+
+def test_thread_and_grader_counts_are_where_a_run_ran_not_its_recipe(seeded):
+    """cpu_threads and grader_workers change no row (tests/test_cpu_generation.py, the grader is deterministic):
+    runs at other counts compare without --allow-recipe-difference and without a warning."""
+    root, outcomes = seeded
+    write_run(root / "S0-t2", "S0", outcomes["S0", 2], ids=MS_IDS, seed=2,
+              config={"cpu_threads": 2, "grader_workers": 4})  # fmt: skip
+    c = compare_runs(
+        str(root / "S2-s*"), f"{root}/S0-s0,{root}/S0-s1,{root}/S0-t2", root / "out", n_resamples=200
+    )
+    assert c.warnings == []

@@ -32,7 +32,7 @@ from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
 from rundir.files import RunFileError
-from rundir.lock import RunLock, RunLockedError
+from rundir.lock import RunLock, RunLockedError, require_shared
 from rundir.resume import interrupted, rewind
 from rundir.run_json import (
     RunDirError,
@@ -178,8 +178,12 @@ def record_launch(
 def record_resume_start(run_dir: Path, resume: Resume, event: dict) -> None:
     """A resume's start: dead saves' temp files removed, the event appended to run.json, and the rows of
     steps past the state dropped (they are redone, identically; a state-less run restarts)."""
-    for d in remove_interrupted_saves(run_dir) + remove_interrupted_saves(run_dir / "results"):
-        logger.warning("removed %s (a save interrupted before it completed)", d)
+    steps = sorted(
+        d for d in run_dir.glob("step[0-9][0-9][0-9]*") if d.is_dir()
+    )  # a killed card write: its temp
+    for d in [run_dir, run_dir / "results", *steps]:
+        for removed in remove_interrupted_saves(d):
+            logger.warning("removed %s (a save interrupted before it completed)", removed)
     state = resume.state.name if resume.state else None
     record_resume(
         run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
@@ -273,6 +277,8 @@ def train(argv: list[str] | None) -> None:
     lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
     try:
         with lock:  # one writer per run directory, from before its first byte to the end
+            if args.world_size > 1:  # every node reads (and resumes from) the directory rank 0 writes
+                require_shared(args.output_dir)
             trainer = build_trainer(args, model_args)
             trainer.train(resume_from_checkpoint=str(trainer.resume_state) if trainer.resume_state else None)
     except KeyboardInterrupt:

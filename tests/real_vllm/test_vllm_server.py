@@ -117,8 +117,10 @@ def test_selection_rounds_generate_through_the_server_with_its_logprobs(frozen, 
     probe, requests, stderr = frozen
     # TRL reads the server's logprobs_mode at trainer init and warns unless it is the one its importance-
     # sampling correction assumes; trl vllm-serve sets it
-    with urllib.request.urlopen(f"{server.url}/server_info?config_format=json", timeout=10) as r:
-        assert json.loads(r.read())["model_config"]["logprobs_mode"] == "processed_logprobs"
+    from trl.generation.vllm_client import VLLMClient
+
+    info = VLLMClient(base_url=server.url, connection_timeout=10).get_server_info()  # what TRL reads
+    assert info["model_config"]["logprobs_mode"] == "processed_logprobs"
     assert "biases the importance sampling correction" not in stderr
     # one selection round per step, 2 problems x G=4, one completions request to the server each
     assert [(c["step"], len(c["completions"])) for c in probe["vllm_calls"]] == [(0, 8), (1, 8)]

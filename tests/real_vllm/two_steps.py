@@ -31,6 +31,7 @@ import transformers  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser  # noqa: E402
 
+import tests.real_vllm.kernels  # noqa: E402, F401  (weights stay pushable on an AVX-512-BF16 CPU)
 from rewards.grader import BatchReport, Grade, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome  # noqa: E402
 from trainer import config, train  # noqa: E402

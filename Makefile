@@ -38,8 +38,8 @@ test-vllm:  ## opt-in, not in `make test`: CapGRPOTrainer on vLLM's CPU build, i
 	test -x .venv-vllm/bin/python || bash tests/real_vllm/setup_venv.sh .venv-vllm
 	.venv-vllm/bin/python -m pytest -q tests/real_vllm
 
-test-multinode:  ## opt-in, not in `make test` (~3 min): two "nodes" on this host, one gloo CPU process each (docs/gpu.md)
-	$(PY) -m pytest -q tests/multinode
+test-multinode:  ## tests/test_multinode.py alone (also in `make test`, ~1 min): two "nodes" on this host, one gloo CPU process each (docs/gpu.md)
+	$(PY) -m pytest -q tests/test_multinode.py
 
 check-docs:  ## every docs/experiment-*/ report has its run.json, steps.jsonl and eval rows committed beside it
 	$(PY) -m analysis.published docs

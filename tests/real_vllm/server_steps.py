@@ -15,12 +15,14 @@ their vLLM log-probs, pushes asked for, transformers' generate count, TRL's samp
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import transformers  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 from trl.generation.vllm_client import VLLMClient  # noqa: E402
 
 from rewards.grader import grade_batch  # noqa: E402
@@ -40,6 +42,18 @@ def server_argv(model: str, out: str, lr: float, server: str) -> list[str]:
     return argv
 
 
+class KillServer(TrainerCallback):
+    """The server dies at the end of step 1 (its rollouts done; its row and state001/ need no server), so
+    step 2's first round finds it gone, whatever the machine's speed."""
+
+    def __init__(self, pgid: int):
+        self.pgid = pgid
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 1:
+            os.killpg(self.pgid, signal.SIGKILL)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
@@ -47,6 +61,9 @@ def main(argv=None) -> None:
     p.add_argument("--server", required=True)
     p.add_argument("--lr", type=float, default=0.0)
     p.add_argument("--cpu-stand-in", action="store_true")
+    p.add_argument(
+        "--kill-server", type=int, default=None, help="its process group, SIGKILLed at step 1's end"
+    )
     a = p.parse_args(argv)
     out = Path(a.out)
     probe = {
@@ -75,9 +92,10 @@ def main(argv=None) -> None:
     config.GraderPool = CoinGrader  # what CapGRPOConfig.grader_pool builds
     sampling = SamplingLog()
     build = train.build_trainer
+    extra = [sampling] + ([KillServer(a.kill_server)] if a.kill_server else [])
 
     def recording_build(args, model_args, extra_callbacks=()):
-        trainer = build(args, model_args, [*extra_callbacks, sampling])
+        trainer = build(args, model_args, [*extra_callbacks, *extra])
         for callback in trainer.callback_handler.callbacks:
             if isinstance(callback, EvalCallback):
                 callback.grade_fn = grade_batch  # the real grader (v1), as in two_steps.py

@@ -152,25 +152,12 @@ def test_without_a_push_the_server_keeps_the_base_weights(server, tiny_qwen35, t
 
 
 def test_a_server_dying_mid_run_is_one_line_and_loses_no_state(server, tiny_qwen35, tmp_path):
-    """Last in the module: it kills the server once state001/ is saved, so step 2's round finds it gone."""
+    """Last in the module: the driver kills the server at the end of step 1, so step 2's round finds it
+    gone; step 1's row and state001/ are saved before that round."""
     out = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tests.real_vllm.server_steps",
-        "--model",
-        str(tiny_qwen35),
-        "--out",
-        str(out),
-    ]
-    cmd += ["--server", server.url, "--cpu-stand-in"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    while not (out / "state001").is_dir() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    done = steps(tiny_qwen35, out, server.url, "--cpu-stand-in", "--kill-server", str(server.proc.pid))
     server.stop()
-    _, stderr = proc.communicate(timeout=600)
-    line = error_line(subprocess.CompletedProcess(cmd, proc.returncode, "", stderr))
+    line = error_line(done)
     assert line.startswith(f"error: vLLM server {server.url}: stopped answering (ConnectionError: ")
     assert line.endswith(
         f"the run stopped, interrupted at step 1; resume with --resume {out} (it continues from state001/) "

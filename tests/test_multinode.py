@@ -1,6 +1,6 @@
 """Two "nodes" on one host: `accelerate launch --num_machines 2 --machine_rank {0,1}`, one CPU process per node
-(gloo), no vLLM, two optimizer steps of CapGRPOTrainer on the embedded base. `make test-multinode` only
-(pyproject's norecursedirs keeps it out of `make test`: about 3 minutes on 2 cores).
+(gloo), no vLLM, two optimizer steps of CapGRPOTrainer on the embedded base. Slow (part of `make test`;
+alone: `make test-multinode`, `4 passed in 60.81s` on 2 cores).
 
 Every write under output_dir is recorded per process by tests/multinode_audit.py. Checked: the run directory
 is written by the global main process alone (rank 1 is its node's local main process and writes nothing);
@@ -25,7 +25,7 @@ from bench.resume_check import descendants
 from trainer.config import CapGRPOConfig, ConfigError
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 AUDIT = REPO / "tests" / "multinode_audit.py"
 
 # S0 on the embedded base: two groups of 8 per step (one problem per node and round), so that both steps

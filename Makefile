@@ -15,7 +15,7 @@ JOBS ?= 2
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: real-base setup test test-fast lint format check-docs base train eval compare experiment experiment-h200 card push regrade test-vllm
+.PHONY: real-base setup test test-fast lint format check-docs base train eval compare experiment experiment-h200 card push regrade test-vllm test-multinode
 
 setup:  ## venv with the CPU torch wheel and the package (editable) + dev tools
 	python3 -m venv .venv
@@ -37,6 +37,9 @@ test-fast:
 test-vllm:  ## opt-in, not in `make test`: CapGRPOTrainer on vLLM's CPU build, in its own venv .venv-vllm (docs/gpu.md)
 	test -x .venv-vllm/bin/python || bash tests/real_vllm/setup_venv.sh .venv-vllm
 	.venv-vllm/bin/python -m pytest -q tests/real_vllm
+
+test-multinode:  ## tests/test_multinode.py alone (also in `make test`, ~1 min): two "nodes" on this host, one gloo CPU process each (docs/gpu.md)
+	$(PY) -m pytest -q tests/test_multinode.py
 
 check-docs:  ## every docs/experiment-*/ report has its run.json, steps.jsonl and eval rows committed beside it
 	$(PY) -m analysis.published docs

@@ -5,11 +5,19 @@ happen under it), and refused in one line naming the holder's pid. A lock file l
 (SIGKILL, a lost node) holds no lock, since the kernel drops a flock with its holder: the next run takes it
 over and says whose it was. On release the file is removed (and the directory, if the lock made it and it is
 still empty), so a refused launch leaves the run directory as it found it.
+
+Several processes: only the global main process (rank 0) takes the lock and writes the run directory, so
+every other process, on whichever node, must read and resume from that same directory. `require_shared`
+checks it, each process reading the lock file rank 0 holds: a node with a disk of its own sees none (or
+another run's) and the launch is refused in one line. Writing a copy per node (`save_on_each_node`) is not
+supported (docs/gpu.md).
 """
 
 import fcntl
 import logging
 import os
+import secrets
+import socket
 from pathlib import Path
 
 LOCK_FILE = ".lock"
@@ -20,6 +28,10 @@ class RunLockedError(Exception):
     """Another live process holds the run directory; the message names its pid and the way on."""
 
 
+class RunDirNotSharedError(RunLockedError):
+    """A process of a multi-process launch does not see the run directory the main process holds."""
+
+
 class RunLock:
     """`with RunLock(run_dir):` ... the run's writes ...; `RunLockedError` when another process holds it."""
 
@@ -28,6 +40,8 @@ class RunLock:
         self.path = self.dir / LOCK_FILE
         self._fd: int | None = None
         self._made_dir = False
+        # in the file after the pid: what tells this holder from any other, on any host
+        self.token = f"{socket.gethostname()}:{secrets.token_hex(8)}"
 
     def acquire(self) -> "RunLock":
         if self.dir.exists() and not self.dir.is_dir():
@@ -59,7 +73,8 @@ class RunLock:
                 "%s: taking over the lock left by pid %d, which is no longer running", self.dir, previous
             )
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {self.token}\n".encode(), 0)
+        os.fsync(fd)  # other nodes read it (require_shared)
         self._fd = fd
         return self
 
@@ -87,6 +102,29 @@ class RunLock:
 
 def _read_pid(fd: int) -> int | None:
     try:
-        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+        return int((os.pread(fd, 128, 0).decode().split() or ["0"])[0]) or None
     except (OSError, ValueError):
         return None
+
+
+def require_shared(run_dir: Path | str) -> None:
+    """Collective, after rank 0 took the lock: every process reads `run_dir/.lock` and all must read rank
+    0's holder line; `RunDirNotSharedError` on every process otherwise (so none waits on the others)."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    path = Path(run_dir) / LOCK_FILE
+    PartialState().wait_for_everyone()  # rank 0 holds the lock by now
+    try:
+        seen = path.read_text().strip() or None
+    except OSError:
+        seen = None
+    held = gather_object([(socket.gethostname(), seen)])  # in process order
+    main = held[0][1]
+    blind = [f"process {i} on {host}" for i, (host, line) in enumerate(held) if line != main or not main]
+    if blind:
+        raise RunDirNotSharedError(
+            f"output_dir {run_dir}: {', '.join(blind)} does not see the lock file process 0 holds there "
+            f"({path}): every node must write one output_dir on a filesystem they all share "
+            "(save_on_each_node is not supported; docs/gpu.md)"
+        )

@@ -17,7 +17,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from data.atomic import sha256_file, write_atomic
+from data.atomic import TEMP_FILE, sha256_file, write_atomic
 from rundir.state import StateError
 
 MANIFEST = "manifest.json"
@@ -30,8 +30,15 @@ class StepError(StateError):
     """A stepNNN/ that must not be read; the message names the file and the way on."""
 
 
+def _unlisted(name: str) -> bool:
+    """The card, the manifest, and the temp file of a card write (one killed mid-way leaves it; the card is
+    written after the checkpoint is installed, so it is no part of the weights)."""
+    m = TEMP_FILE.fullmatch(name)
+    return name in (*UNLISTED, MANIFEST) or bool(m and m[1] in UNLISTED)
+
+
 def _files(step_dir: Path) -> list[Path]:
-    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name not in (*UNLISTED, MANIFEST))
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and not _unlisted(p.name))
 
 
 def write_manifest(step_dir: Path) -> Path:

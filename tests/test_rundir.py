@@ -124,8 +124,8 @@ def test_an_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(tm
 
 def test_the_lock_leaves_nothing_behind_and_refuses_a_second_holder(tmp_path):
     run = tmp_path / "runs" / "S2"
-    with RunLock(run):
-        assert (run / LOCK_FILE).read_text().strip() == str(os.getpid())
+    with RunLock(run) as lock:
+        assert (run / LOCK_FILE).read_text() == f"{os.getpid()} {lock.token}\n"  # what require_shared reads
         with pytest.raises(RunLockedError, match=rf"pid {os.getpid()}"):
             RunLock(run).acquire()  # another open file description: flock refuses it too
     assert not run.exists()  # the lock made the directory, and it stayed empty
@@ -170,4 +170,18 @@ def test_a_checkpoint_from_before_manifests_is_refused_until_recorded(tmp_path, 
     verify_step(step)
     (step / "stray.bin").write_bytes(b"x")
     with pytest.raises(StepError, match=r"stray.bin: not listed in manifest.json"):
+        verify_step(step)
+
+
+def test_a_card_write_killed_mid_way_leaves_the_checkpoint_whole(tmp_path):
+    """Found by tests/multinode (a kill right after state001/): the card is written into stepNNN/ after the
+    checkpoint is installed, so its temp file is no part of the weights; any other stray file still is."""
+    step = tmp_path / "step001"
+    step.mkdir()
+    (step / "model.safetensors").write_bytes(b"\0" * 64)
+    step_main(["--write-manifest", str(step)])
+    (step / ".README.md.tmp-4242-abcd1234").write_text("half a card")
+    verify_step(step)
+    (step / ".model.safetensors.tmp-4242-abcd1234").write_bytes(b"x")
+    with pytest.raises(StepError, match=r"model.safetensors.tmp-4242-abcd1234: not listed in manifest.json"):
         verify_step(step)

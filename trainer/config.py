@@ -290,6 +290,11 @@ class CapGRPOConfig(GRPOConfig):
                 "use_adaptive_entropy: not supported: stateNNN/ does not hold TRL's entropy controller, "
                 "so a resume would not be exact"
             )
+        if self.save_on_each_node:  # only the global main process writes (rundir/lock.py require_shared)
+            raise ConfigError(
+                "save_on_each_node: not supported: the run directory is written once, by the global main "
+                "process; give every node one output_dir on a shared filesystem (docs/gpu.md)"
+            )
         if self.grader not in GRADER_VERSIONS:  # the command line checks `choices`; a YAML recipe does not
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 

@@ -32,7 +32,7 @@ from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
 from rundir.files import RunFileError
-from rundir.lock import RunLock, RunLockedError
+from rundir.lock import RunLock, RunLockedError, require_shared
 from rundir.resume import interrupted, rewind
 from rundir.run_json import (
     RunDirError,
@@ -53,7 +53,16 @@ from trainer.micro_batch import MicroBatch
 from trainer.steps_log import StepsLog
 from trainer.stop_signal import StopOnSignal
 
-REFUSALS = (ConfigError, RunDirError, RunLockedError, RunFileError, StateError, DiskFullError, SnapshotError)
+
+class VLLMServerError(Exception):
+    """The vLLM server (`vllm_mode: server`) cannot be reached or stopped answering; the message says where the
+    run stands."""
+
+
+REFUSALS = (
+    ConfigError, RunDirError, RunLockedError, RunFileError, StateError, DiskFullError, SnapshotError,
+    VLLMServerError,
+)  # fmt: skip
 logger = logging.get_logger(__name__)
 
 
@@ -80,6 +89,7 @@ def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
             "eval_every/resume: under DeepSpeed set eval_every: 0 (evaluate checkpoints with `make eval`) and "
             "do not --resume: in-training evaluation and exact resume need 1 process, DDP or FSDP2 (docs/gpu.md)"
         )
+    refuse_server_without_cuda(args)
     if not args.snapshot_path:
         raise ConfigError("snapshot_path: required (a *.tasks.json task snapshot)")
     if not Path(args.snapshot_path).is_file():
@@ -87,6 +97,35 @@ def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
     model = str(model_args.model_name_or_path or "")
     if not Path(model).exists() and (model.startswith((".", "/", "~")) or model.count("/") != 1):
         raise ConfigError(f"model_name_or_path: {model!r}: no such directory (and not a Hub id)")
+
+
+def refuse_server_without_cuda(args: CapGRPOConfig) -> None:
+    """TRL 1.16 pushes weights to a vLLM server only through vLLM's NCCL weight-transfer engine, and refuses
+    a trainer without CUDA after the model is loaded (NotImplementedError; docs/gpu.md): say so first."""
+    if args.use_vllm and args.vllm_mode == "server" and not torch.cuda.is_available():
+        raise ConfigError(
+            "vllm_mode: server needs a CUDA device on the trainer: TRL pushes the weights to the server over "
+            "NCCL (vLLM's weight-transfer engine); on a CPU use vllm_mode: colocate (docs/gpu.md)"
+        )
+
+
+def server_lost(args: CapGRPOConfig, e: OSError, trainer) -> VLLMServerError | None:
+    """A connection error from TRL's vLLM client (requests, or its own ConnectionError at start) in server
+    mode, as one line: where the server was and where the run stands. None for any other error."""
+    client = type(e).__module__.startswith(("requests", "urllib3")) or isinstance(e, ConnectionError)
+    if not (args.use_vllm and args.vllm_mode == "server" and client):
+        return None
+    url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+    what = " ".join(f"{type(e).__name__}: {e}".split())[:300]
+    if trainer is None:  # TRL's client waits vllm_server_timeout seconds for the server at trainer init
+        return VLLMServerError(
+            f"vLLM server {url}: not reachable ({what}); start it first (`trl vllm-serve`, docs/gpu.md); "
+            "nothing was written"
+        )
+    return VLLMServerError(
+        f"vLLM server {url}: stopped answering ({what}); the run stopped, {interrupted(args.output_dir)} "
+        "once the server is back"
+    )
 
 
 def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, snapshot: dict) -> dict:
@@ -178,8 +217,12 @@ def record_launch(
 def record_resume_start(run_dir: Path, resume: Resume, event: dict) -> None:
     """A resume's start: dead saves' temp files removed, the event appended to run.json, and the rows of
     steps past the state dropped (they are redone, identically; a state-less run restarts)."""
-    for d in remove_interrupted_saves(run_dir) + remove_interrupted_saves(run_dir / "results"):
-        logger.warning("removed %s (a save interrupted before it completed)", d)
+    steps = sorted(
+        d for d in run_dir.glob("step[0-9][0-9][0-9]*") if d.is_dir()
+    )  # a killed card write: its temp
+    for d in [run_dir, run_dir / "results", *steps]:
+        for removed in remove_interrupted_saves(d):
+            logger.warning("removed %s (a save interrupted before it completed)", removed)
     state = resume.state.name if resume.state else None
     record_resume(
         run_dir, {"from_state": state, "step": resume.meta["step"], **event, "skipped": resume.skipped}
@@ -271,12 +314,19 @@ def train(argv: list[str] | None) -> None:
     parser = TrlParser((CapGRPOConfig, ModelConfig))
     args, model_args = parser.parse_args_and_config(argv)
     lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
+    trainer = None
     try:
         with lock:  # one writer per run directory, from before its first byte to the end
+            if args.world_size > 1:  # every node reads (and resumes from) the directory rank 0 writes
+                require_shared(args.output_dir)
             trainer = build_trainer(args, model_args)
             trainer.train(resume_from_checkpoint=str(trainer.resume_state) if trainer.resume_state else None)
     except KeyboardInterrupt:
         raise Interrupted(interrupted(args.output_dir)) from None
+    except OSError as e:
+        if (lost := server_lost(args, e, trainer)) is not None:
+            raise lost from None
+        raise
     trainer.accelerator.wait_for_everyone()  # processes leave together: an early exit can abort the others'
     trainer.accelerator.end_training()  # gloo/NCCL teardown (destroys the process group)
 

@@ -91,6 +91,9 @@ def test_standalone_eval_of_a_checkpoint_reproduces_training_rows(lr):
     """`make eval` on step002/ with vLLM: the checkpoint loads in vLLM (it carries the base's processor
     files) and its rows are the in-training ones, byte for byte (write_eval refuses different rows)."""
     before = (lr.path / "results" / "eval_step002.jsonl").read_bytes()
-    done = run_module("trainer.evaluation", str(lr.path), "--steps", "2", "--backend", "vllm")
+    # the kernels of the training run (tests/real_vllm/kernels.py), for the same numbers
+    done = run_module(
+        "tests.real_vllm.kernels", "trainer.evaluation", str(lr.path), "--steps", "2", "--backend", "vllm"
+    )
     assert "step 2:" in done.stdout
     assert (lr.path / "results" / "eval_step002.jsonl").read_bytes() == before

@@ -31,9 +31,10 @@ import transformers  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser  # noqa: E402
 
+import tests.real_vllm.kernels  # noqa: E402, F401  (weights stay pushable on an AVX-512-BF16 CPU)
 from rewards.grader import BatchReport, Grade, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome  # noqa: E402
-from trainer import train  # noqa: E402
+from trainer import config, train  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.evaluation import EvalCallback  # noqa: E402
 
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
         return original_generate(self, *args, **kwargs)
 
     transformers.GenerationMixin.generate = counting_generate
-    train.GraderPool = CoinGrader
+    config.GraderPool = CoinGrader  # what CapGRPOConfig.grader_pool builds
 
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
         argv_for(a.model, a.out, a.lr)

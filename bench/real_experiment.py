@@ -282,7 +282,7 @@ def prepare(work: Path, gguf: Path | None) -> dict | None:
 # On the lent H200 (16 cores, 139 GiB, 64 GiB of disk) `parallel` runs at a time (twelve at once ran no more steps
 # in all than one alone, launch 4), one intra-op thread each, and no periodic saves (12 x 6 x 1.9 GB would fill
 # the disk; a stop saves its step, StopOnSignal, and the last step is always saved).
-SHARED_GPU = ["--checkpoint_every", "0"]
+GPU_RUN_ARGS = ["--checkpoint_every", "0"]
 LEADER_S = 240  # a fresh start: the first run fills the compile caches (inductor's, on disk) for the others
 GRACE_S = 75  # SIGTERM to the end of the step in progress and its save; then SIGINT (the last saved state)
 
@@ -302,7 +302,7 @@ def train(
     max_steps = 1 if smoke else int(recipe()["max_steps"])
     common = ["--model_name_or_path", str(work / "smollm2"), "--snapshot_path", str(snapshot_path(work, choice["family"])),
               "--snapshot_sha256", choice["snapshot_sha256"], "--temperature", str(choice["temperature"]),
-              "--max_completion_length", str(choice["cap"]), *(SMOKE_TRAIN if smoke else SHARED_GPU)]  # fmt: skip
+              "--max_completion_length", str(choice["cap"]), *(SMOKE_TRAIN if smoke else GPU_RUN_ARGS)]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "OMP_NUM_THREADS": "1"}  # fmt: skip
     (work / "runs").mkdir(parents=True, exist_ok=True)

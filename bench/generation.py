@@ -7,7 +7,9 @@ and set-up cancel). The floor of one decode step is the larger of its bytes at -
 4.8 TB/s datasheet figure) and its FLOPs at --flops: every weight read once (the embedding table only for
 the batch's rows), each linear-attention layer's recurrent and conv state read and written, each full-
 attention layer's K/V read up to the mean position and the new K/V written, the logits written.
-The model is bench/grpo_step.py's random Qwen3.5 (same flags); rollouts never stop early (no stop tokens).
+The model is bench/grpo_step.py's random Qwen3.5 (same flags), or with --config-dir a random-init model of a
+config.json (e.g. artifacts/smollm2: SmolLM2-135M's Llama, float32 masters as in configs/smollm2.yaml); rollouts
+never stop early (no stop tokens).
 """
 
 import argparse
@@ -36,15 +38,19 @@ def floor(model, batch: int, prompt: int, new: tuple[int, int], bandwidth: float
     tied = model.get_output_embeddings().weight.data_ptr() == embed.data_ptr()
     weights += embed.numel() * embed.element_size() if tied else 0  # the output layer reads it whole
     weights += batch * embed.shape[1] * embed.element_size()
-    linear = text.layer_types.count("linear_attention")
-    full = len(text.layer_types) - linear
-    heads_v, dk, dv = text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim
-    recurrent = batch * heads_v * dk * dv * 4  # fp32 state
-    conv_dim = 2 * text.linear_num_key_heads * dk + heads_v * dv
-    conv = batch * conv_dim * text.linear_conv_kernel_dim * 2
-    state = linear * 2 * (recurrent + conv)  # read and written
+    types = getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers
+    linear = types.count("linear_attention")
+    full = len(types) - linear
+    state = 0
+    if linear:
+        heads_v, dk, dv = text.linear_num_value_heads, text.linear_key_head_dim, text.linear_value_head_dim
+        recurrent = batch * heads_v * dk * dv * 4  # fp32 state
+        conv_dim = 2 * text.linear_num_key_heads * dk + heads_v * dv
+        conv = batch * conv_dim * text.linear_conv_kernel_dim * 2
+        state = linear * 2 * (recurrent + conv)  # read and written
     mean_pos = prompt + (new[0] + new[1]) / 2
-    kv = full * batch * text.num_key_value_heads * text.head_dim * 2 * 2 * (mean_pos + 1)
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    kv = full * batch * text.num_key_value_heads * head_dim * 2 * 2 * (mean_pos + 1)  # bf16 K/V
     logits = batch * text.vocab_size * 2
     total = weights + state + kv + logits
     matmul = (
@@ -130,12 +136,24 @@ def profile(model, prompts, config, shapes, pad: int, new: int) -> dict:
     return result
 
 
+def config_model(directory: Path, seed: int, device: torch.device):
+    """A seeded random-init model of `directory`'s config.json in float32, and its pad id."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(directory)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    return model, pad
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hidden", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--intermediate", type=int, default=6144)
     ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--config-dir", type=Path, help="a random-init model of this config.json instead")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", default="64,192", help="N1,N2 new tokens")
@@ -159,13 +177,16 @@ def main(argv=None) -> dict:
         gated_delta_kernel.NUM_WARPS = a.num_warps or gated_delta_kernel.NUM_WARPS
     new = tuple(int(x) for x in a.new.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke run
-    tok = padded_tokenizer(a.vocab)
-    model = random_qwen35(a, tok, device).eval()
-    pad = tok.pad_token_id
+    if a.config_dir:
+        model, pad = config_model(a.config_dir, a.seed, device)
+        a.vocab = model.config.vocab_size
+    else:
+        tok = padded_tokenizer(a.vocab)
+        model, pad = random_qwen35(a, tok, device).eval(), tok.pad_token_id
     g = torch.Generator().manual_seed(a.seed)
     prompts = torch.randint(10, min(1000, a.vocab), (a.batch, a.prompt), generator=g).tolist()
     result = {
-        "args": vars(a) | {"out": str(a.out)},
+        "args": vars(a) | {"out": str(a.out), "config_dir": str(a.config_dir)},
         "floor": floor(model, a.batch, a.prompt, new, a.bandwidth, a.flops),
     }
     result["floor"]["params"] = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n)

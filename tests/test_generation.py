@@ -284,24 +284,30 @@ def test_conv_decode_step_is_transformers_conv_update(bias, activation):
         torch.testing.assert_close(mine, state, atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("masked", [True, False])
-def test_grouped_decode_attention_is_transformers_sdpa(masked):
+@pytest.mark.parametrize(
+    "mask_kind,dtype",  # float32: our two products and softmax; bfloat16: SDPA on the packed query
+    [("bool", torch.float32), ("additive", torch.float32), (None, torch.float32), ("bool", torch.bfloat16)],
+)
+def test_grouped_decode_attention_is_transformers_sdpa(mask_kind, dtype):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     gen = torch.Generator().manual_seed(0)
     B, heads, kv_heads, L, D = 3, 8, 2, 11, 16
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = heads // kv_heads, True
-    q = torch.randn(B, heads, 1, D, generator=gen)
-    k, v = (torch.randn(B, kv_heads, L, D, generator=gen) for _ in range(2))
-    mask = torch.rand(B, 1, 1, L, generator=gen) > 0.3 if masked else None
-    if masked:
+    q = torch.randn(B, heads, 1, D, generator=gen).to(dtype)
+    k, v = (torch.randn(B, kv_heads, L, D, generator=gen).to(dtype) for _ in range(2))
+    mask = torch.rand(B, 1, 1, L, generator=gen) > 0.3 if mask_kind else None
+    if mask_kind:
         mask[..., -1] = True  # the token itself is always visible
+    if mask_kind == "additive":  # 0 where visible, the dtype's minimum elsewhere (transformers' float masks)
+        mask = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
     want, _ = sdpa_attention_forward(module, q, k, v, mask, scaling=D**-0.5)
     with generation.fused_decode(_Qwen35()):
         got, _ = generation.grouped_decode_attention(module, q, k, v, mask, scaling=D**-0.5)
-    assert got.shape == want.shape == (B, 1, heads, D)
-    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert got.shape == want.shape == (B, 1, heads, D) and got.dtype == dtype
+    tol = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+    torch.testing.assert_close(got, want, **tol)
     # a wrong head order (query head h read from kv head h % kv_heads) would not pass
     wrong, _ = sdpa_attention_forward(module, q, k[:, [1, 0]], v[:, [1, 0]], mask, scaling=D**-0.5)
     assert not torch.allclose(got, wrong, atol=1e-3)
@@ -328,6 +334,41 @@ def test_fused_decode_is_scoped_to_the_call(embedded):
             initial_state=state, output_final_state=True,
         )  # fmt: skip
     assert out.shape == (1, 3, 2, 4) and not state.any()
+
+
+def test_fused_decode_gives_a_llama_the_grouped_attention_and_the_same_tokens():
+    """SmolLM2 (Llama) has no gated-delta layers; its decode step still gets our grouped-query attention, and
+    a greedy static-cache generate under it gives transformers' tokens and scores."""
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    ids, mask = generation.pad_left([[5, 6, 7, 8], [9, 10]], 4, 0, "cpu")
+    gen = GenerationConfig(do_sample=False, max_new_tokens=6, cache_implementation="static", eos_token_id=None,
+                           pad_token_id=0, output_scores=True, return_dict_in_generate=True)  # fmt: skip
+    fallback = []  # query lengths that went to transformers' SDPA through ours
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def counted(module, query, *args, **kwargs):
+        fallback.append(query.shape[2])
+        return sdpa(module, query, *args, **kwargs)
+
+    with torch.no_grad():
+        want = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = counted  # what fused_decode keeps as the reference
+        try:
+            with generation.fused_decode(model):
+                assert ALL_ATTENTION_FUNCTIONS["sdpa"] is generation.grouped_decode_attention
+                got = model.generate(input_ids=ids, attention_mask=mask, generation_config=gen)
+        finally:
+            del ALL_ATTENTION_FUNCTIONS["sdpa"]
+    assert ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa
+    assert fallback == [4, 4]  # the prefill of each layer; all ten decode calls took our products
+    assert torch.equal(got.sequences, want.sequences)
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(want.scores), atol=1e-5, rtol=1e-5)
 
 
 def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):

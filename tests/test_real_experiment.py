@@ -78,3 +78,15 @@ def test_the_seed0_comparison_recomputes(tmp_path):
         return [line for line in text.splitlines() if line.startswith(("| heldout300", "| fixed32", "| B "))]
 
     assert tables((tmp_path / "report.md").read_text()) == tables((DOCS / "seed0/report.md").read_text())
+
+
+def test_runs_at_a_time_fit_the_gpu_at_the_leaders_measured_memory(monkeypatch):
+    real_experiment = _bench()
+    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: (9000.0, 143771.0))
+    assert real_experiment.fitting(12, 1) == 12  # 0.9 x 143771 / 9000 = 14.4: all twelve fit
+    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: (15000.0, 143771.0))
+    assert real_experiment.fitting(12, 1) == 8
+    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: (200000.0, 143771.0))
+    assert real_experiment.fitting(12, 1) == 1  # never none
+    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: None)  # no nvidia-smi: as asked
+    assert real_experiment.fitting(5, 1) == 5

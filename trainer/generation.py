@@ -15,7 +15,7 @@ Triton kernel on CUDA), the causal conv update (`conv_decode_step`) and grouped-
 static cache (`grouped_decode_attention`). Two things of generate's loop change for the call too: the host reads
 the stopping check one step late instead of waiting for the GPU every token (`deferred_stop_check`), and each
 call shape keeps one static cache, reset between calls, so the captured graphs are replayed instead of
-re-recorded (`kept_static_cache`).
+re-recorded (`kept_static_cache`); float32 products run on TF32 tensor cores (`tf32_matmuls`).
 The model is the training model itself (the optimizer writes its parameters in place, and CUDA graphs read
 them from the same addresses), so a rollout never comes from stale weights. Evaluation uses the same call;
 which backend produced an eval file is recorded in run.json (`eval.generation`).
@@ -98,8 +98,24 @@ def generate_call(
             scope.enter_context(deferred_stop_check())
             if KEEP_STATIC_CACHE:
                 scope.enter_context(kept_static_cache(model))
+            if model.device.type == "cuda":
+                scope.enter_context(tf32_matmuls())
         generated = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     return generated[: len(prompts), width:].tolist()
+
+
+@contextlib.contextmanager
+def tf32_matmuls() -> Iterator[None]:
+    """float32 matrix products on TF32 tensor cores for the call. Compiled calls decode in the model's own
+    dtype, the float32 master weights where the training pass computes in bf16 autocast, so TF32 rollouts are
+    still the more precise forward of the two (SmolLM2-135M at batch 512: 14.8 -> 11.5 ms a decode step,
+    docs/PERFORMANCE.md). bf16 or fp16 models do not use it."""
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(precision)
 
 
 _kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: (length, cache)}
@@ -292,7 +308,9 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout=
     Given a mask, transformers repeats every KV head to its query heads before SDPA, a copy of the whole
     static cache per layer and token (with it the 1.8B benchmark's decode step grew from 12.2 to 15.9 ms
     between a 256- and a 1152-long cache, docs/PERFORMANCE.md); transformers >= 5.24 packs the query
-    instead, but not while compiling."""
+    instead, but not while compiling. In float32 (no flash kernel) SDPA's memory-efficient kernel computes
+    64-query tiles for the few packed queries, so there the attention is two batched products and a softmax:
+    on SmolLM2-135M at batch 512 that kernel was 9.6 of a 15 ms decode step (docs/PERFORMANCE.md)."""
     groups = getattr(module, "num_key_value_groups", 1)
     mask = attention_mask  # [B, 1, 1, L] or None: shared by the heads, so it broadcasts over the packing
     if query.shape[2] != 1 or groups == 1 or dropout or (mask is not None and mask.shape[1] != 1):
@@ -301,7 +319,16 @@ def grouped_decode_attention(module, query, key, value, attention_mask, dropout=
         )
     batch, heads, _, dim = query.shape
     packed = query.reshape(batch, heads // groups, groups, dim)  # query head h = kv head h // groups
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=scaling)
+    scale = dim**-0.5 if scaling is None else scaling
+    if query.dtype == torch.float32:
+        scores = torch.matmul(packed, key.transpose(-1, -2)) * scale  # [B, KV, groups, L]
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        out = torch.matmul(scores.softmax(-1), value)
+    else:
+        out = torch.nn.functional.scaled_dot_product_attention(
+            packed, key, value, attn_mask=mask, scale=scale
+        )
     return out.reshape(batch, heads, 1, -1).transpose(1, 2).contiguous(), None
 
 
@@ -311,22 +338,25 @@ _kernel = None  # the Triton update for a CUDA model's call, looked up before co
 
 @contextlib.contextmanager
 def fused_decode(model) -> Iterator[None]:
-    """Our decode-step functions in place of transformers' for the call, for Qwen3.5 models: the recurrent
-    gated-delta update and the causal conv (the forward looks both up by module-level name at each call) and
-    the "sdpa" attention function (looked up in ALL_ATTENTION_FUNCTIONS at each call)."""
+    """Our decode-step functions in place of transformers' for the call: the "sdpa" attention function
+    (looked up in ALL_ATTENTION_FUNCTIONS at each call) for every model, and for Qwen3.5 models the recurrent
+    gated-delta update and the causal conv (the forward looks both up by module-level name at each call)."""
     global _kernel
-    module = sys.modules.get(type(model).__module__)
-    names = ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")
-    if module is None or not all(hasattr(module, n) for n in names) or _reference:
+    if _reference:  # a call inside a call: the outer one's functions are in place
         yield
         return
-    ours = (gated_delta_decode_step, conv_decode_step)
+    module = sys.modules.get(type(model).__module__)
+    names = ("torch_recurrent_gated_delta_rule", "causal_conv1d_update")
+    if module is None or not all(hasattr(module, n) for n in names):
+        names = ()
     _reference.update({n: getattr(module, n) for n in names}, sdpa=ALL_ATTENTION_FUNCTIONS["sdpa"])
     local = ALL_ATTENTION_FUNCTIONS._local_mapping.get("sdpa")  # someone's own override, kept
-    for name, fn in zip(names, ours):
+    for name, fn in zip(names, (gated_delta_decode_step, conv_decode_step)):
         setattr(module, name, fn)
     ALL_ATTENTION_FUNCTIONS["sdpa"] = grouped_decode_attention
-    _kernel = _triton_kernel() if getattr(model, "device", torch.device("cpu")).type == "cuda" else None
+    _kernel = (
+        _triton_kernel() if names and getattr(model, "device", torch.device("cpu")).type == "cuda" else None
+    )
     try:
         yield
     finally:

@@ -93,10 +93,13 @@ def import_optimizer(trainer, tensors: dict[str, torch.Tensor], meta: dict) -> N
         }
         sharding.load_full_adamw_state(model, opt, state)
         return
+    # torch's fused and capturable AdamW keep `step` on the parameter's device (as its load_state_dict restores it)
+    on_device = {id(q) for g in opt.param_groups if g.get("fused") or g.get("capturable") for q in g["params"]}
     for name, p in model.named_parameters():
         if name in meta["steps"]:
+            device = p.device if id(p) in on_device else "cpu"
             opt.state[p] = {
-                "step": torch.tensor(meta["steps"][name]),
+                "step": torch.tensor(meta["steps"][name], dtype=torch.float32, device=device),
                 "exp_avg": tensors[f"exp_avg/{name}"].to(p.device, p.dtype),
                 "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(p.device, p.dtype),
             }

@@ -23,6 +23,7 @@ $OUT/real-experiment.tar.gz.
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -484,41 +485,61 @@ def trajectory_table(where: Path, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-LAUNCH4 = "launch4"  # this session's twelve runs (PLAN.md, amendment 1): <arm>-s<seed>/ beside S2_vs_S0/
+LAUNCH4 = "launch4"  # amendment 1's twelve runs: <arm>-s<seed>/
+LAUNCH = "launch6"  # amendment 2's twelve runs, the plan's test
 
 
-def common_step(where: Path) -> int:
-    """The last step every one of the twelve runs evaluated: 30, or PLAN.md's deviation step."""
+def failed(run: Path) -> bool:
+    """PLAN.md: "a run that fails": one whose training logged a non-finite gradient norm (its weights are then
+    NaN, and it ends in the next generation's device assert; its log has the rest)."""
+    return any(not math.isfinite(r.get("grad_norm", 0.0)) for r in _steps(run))
+
+
+def tested_seeds(where: Path) -> tuple[int, ...]:
+    """PLAN.md: a failed run's seed pair is left out of the seed-level test."""
+    return tuple(s for s in SEEDS if not any(failed(where / f"smollm2-{a}-s{s}") for a in ARMS))
+
+
+def common_step(where: Path, seeds: tuple[int, ...] = SEEDS) -> int:
+    """The last step that every run of `seeds` (both arms) evaluated: 30, or PLAN.md's deviation step."""
     from rundir.files import Run
 
-    steps = [set(Run(where / f"smollm2-{a}-s{s}").evaluated()) for a in ARMS for s in SEEDS]
+    steps = [set(Run(where / f"smollm2-{a}-s{s}").evaluated()) for a in ARMS for s in seeds]
     return max(set.intersection(*steps))
 
 
-def primary_block(where: Path) -> str:
-    """PLAN.md's primary (seed-level, heldout300) and the problem-level secondary, as analysis.compare has them."""
+def comparison_block(where: Path, seeds: tuple[int, ...], title: str) -> str:
+    """S2 - S0 on heldout300 at the last step `seeds`' runs all evaluated, through analysis.compare: the
+    seed-level test (the training run as the unit) and the problem-level one (given these checkpoints)."""
     import tempfile
 
     from analysis.compare import compare_runs
     from analysis.report import headline, seed_headline
 
-    step = common_step(where)
-    runs = {arm: ",".join(str(where / f"smollm2-{arm}-s{s}") for s in SEEDS) for arm in ARMS}
+    step = common_step(where, seeds)
+    runs = {arm: ",".join(str(where / f"smollm2-{arm}-s{s}") for s in seeds) for arm in ARMS}
     with tempfile.TemporaryDirectory() as tmp:
         c = compare_runs(runs["S2"], runs["S0"], tmp, step_a=step, step_b=step, primary="heldout300")
-    label = (
-        ""
-        if step == int(recipe()["max_steps"])
-        else " (PLAN.md's deviation: the last step all twelve evaluated)"
-    )
+    deviation = "" if step == int(recipe()["max_steps"]) else ", PLAN.md's deviation step"
     return (
-        f"### Primary: S2 − S0, heldout300, step {step}{label}: the seed-level test\n\n{seed_headline(c)}\n\n"
-        f"### Secondary: the problem-level test, given these twelve checkpoints\n\n{headline(c)}\n"
+        f"### {title}: S2 − S0, heldout300, step {step}{deviation}, seeds {', '.join(map(str, seeds))}\n\n"
+        f"Seed-level test:\n\n{seed_headline(c)}\n\n"
+        f"Problem-level test, given these {2 * len(seeds)} checkpoints:\n\n{headline(c)}\n"
     )
 
 
-def arm_trajectory(where: Path) -> str:
-    """Per arm, the mean over its six seeds at every evaluated step: accuracy, unresolved shares and length on
+def primary_block(where: Path) -> str:
+    """PLAN.md's primary: the seeds whose runs did not fail, at the last step all their runs evaluated; then the
+    same comparison over all six seeds at the last step that all twelve runs evaluated (a sensitivity reading)."""
+    seeds = tested_seeds(where)
+    out = comparison_block(where, seeds, "Primary")
+    if seeds != SEEDS:
+        out += "\n" + comparison_block(where, SEEDS, "Sensitivity, every seed (not the primary)")
+    return out
+
+
+def arm_trajectory(where: Path, seeds: tuple[int, ...] = SEEDS) -> str:
+    """Per arm, the mean over `seeds` at every evaluated step: accuracy, unresolved shares and length on
     heldout300, and the training rows' entropy and median sampled-token logprob (the seed card's collapse)."""
     import statistics
 
@@ -538,11 +559,11 @@ def arm_trajectory(where: Path) -> str:
 
     per_arm = {
         arm: [(Run(where / f"smollm2-{arm}-s{s}"), {r["step"]: r for r in _steps(where / f"smollm2-{arm}-s{s}")})
-              for s in SEEDS]
+              for s in seeds]
         for arm in ARMS
     }  # fmt: skip
     formats = ("{:.1f}",) * 5 + ("{:.3f}",) * 2
-    for step in range(0, common_step(where) + 1, int(recipe()["eval_every"])):
+    for step in range(0, common_step(where, seeds) + 1, int(recipe()["eval_every"])):
         means = {}
         for arm, runs in per_arm.items():
             columns = zip(*(metrics(run, rows, step) for run, rows in runs))
@@ -591,18 +612,17 @@ def timing_table(run: Path) -> str:
 
 def report(where: Path = DOCS) -> str:
     """The README's tables, recomputed from the committed rows."""
-    launch = where / LAUNCH4
-    if common_step(launch) > 0:
-        out = primary_block(launch) + "\n### Per arm, mean over six seeds, every evaluation (launch 4)\n\n"
-        out += arm_trajectory(launch)
-    else:
-        out = "### Launch 4: how far each of the twelve runs got\n\n" + launch_status(launch)
-        out += ("\nNo step after 0 was evaluated by all twelve runs, so PLAN.md's deviation step is the untouched "
-                "base: no arm-level test.\n")  # fmt: skip
+    launch, seeds = where / LAUNCH, tested_seeds(where / LAUNCH)
     return (
-        out
-        + "\n### Launch 4 against launch 2 at step 2 (the same seeds: a reproduction, not a replication)\n\n"
+        primary_block(launch)
+        + f"\n### Per arm, mean over seeds {', '.join(map(str, seeds))}, every evaluation (launch 6)\n\n"
+        + arm_trajectory(launch, seeds)
+        + "\n### Launch 6: how far each run got\n\n"
+        + launch_status(launch)
+        + "\n### Launch 6, step 2: the sampled training rollouts per seed (after one update)\n\n"
         + seed_table(launch)
+        + "\n### Launch 4 against launch 2 at step 2 (the same seeds: a reproduction, not a replication)\n\n"
+        + seed_table(where / LAUNCH4)
         + "\n### One run alone on the H200 (launch 5: S2, seed 0, the trainer's own micro-batch)\n\n"
         + timing_table(where / "solo/smollm2-S2-s0")
         + "\n### Training seeds 0-5, step 2 (launch 2, exploratory)\n\n"
@@ -645,7 +665,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--archive", type=Path, help="unpack: the real-experiment.tar.gz a train call brought back"
     )
-    ap.add_argument("--into", type=Path, default=DOCS / LAUNCH4, help="unpack: the new folder")
+    ap.add_argument(
+        "--into", type=Path, required=False, help="unpack: the new folder (docs/experiment-real/<launch>)"
+    )
     args = ap.parse_args(argv)
     out = args.out or Path(os.environ.get("OUT") or args.work / "out")
     work = args.work.resolve()

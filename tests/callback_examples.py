@@ -66,3 +66,16 @@ class HookLog(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._write("on_train_end", state)
+
+
+class NaNGradientAtStep(TrainerCallback):
+    """Makes one gradient NaN just before the optimizer step of step `step`: a backward pass gone bad."""
+
+    def __init__(self, trainer, step: int):
+        self.trainer, self.step = trainer, step
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if state.global_step + 1 == self.step:
+            next(p for p in self.trainer.model.parameters() if p.grad is not None).grad.view(-1)[0] = float(
+                "nan"
+            )

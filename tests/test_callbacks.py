@@ -4,6 +4,8 @@ runs or is refused with its reason; stock callbacks and a `report_to` backend se
 user callback from a module path; callback state saved in stateNNN/ and restored; a stopping callback."""
 
 import json
+import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -351,3 +353,38 @@ def test_sigterm_ends_the_run_after_its_step_saved_and_resume_is_bitwise_identic
     assert [json.loads(line)["step"] for line in rows] == [1]
     run(train_cmd(tiny_base, embedded_snapshot, out, resume=out, **launch))
     same_run(out, short_run)
+
+
+def test_a_nan_gradient_is_not_applied_and_stops_the_run_in_one_line():
+    """StopOnNonFiniteGradient: a NaN or inf norm raises before the optimizer step; finite ones pass."""
+    from trainer.finite_gradients import NonFiniteGradientError, StopOnNonFiniteGradient
+
+    model = torch.nn.Linear(3, 2)
+    guard = StopOnNonFiniteGradient(model, SimpleNamespace(device="cpu", num_processes=1))
+    args, state = SimpleNamespace(output_dir="runs/x"), SimpleNamespace(global_step=4)
+    guard.on_pre_optimizer_step(args, state, None)  # no gradients yet: nothing to check
+    model(torch.ones(1, 3)).sum().backward()
+    guard.on_pre_optimizer_step(args, state, None)
+    for bad in (float("nan"), float("inf")):
+        model.weight.grad[0, 0] = bad
+        with pytest.raises(NonFiniteGradientError, match=r"runs/x: step 5: the gradient norm is (nan|inf)"):
+            guard.on_pre_optimizer_step(args, state, None)
+
+
+@pytest.mark.slow
+def test_a_run_whose_gradient_turns_nan_stops_there_with_its_last_state_intact(
+    tiny_base, embedded_snapshot, tmp_path
+):
+    out = tmp_path / "N"
+    nan = 'tests.callback_examples:NaNGradientAtStep={"step": 2}'
+    proc = subprocess.run(train_cmd(tiny_base, embedded_snapshot, out, callbacks=(nan,)), cwd=REPO,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {out}: step 2: the gradient norm is nan"), last
+    steps = [json.loads(line)["step"] for line in (out / "results/steps.jsonl").read_text().splitlines()]
+    assert steps == [1] and not (out / "state002").exists()
+    tensors, meta = load_state(out / "state001")  # what --resume continues from: step 1's, finite
+    assert meta["step"] == 1 and all(
+        torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()
+    )

@@ -41,11 +41,14 @@ def test_every_run_started_after_the_plan_was_committed():
         "2026-12-01T20:46:17Z"  # git log -1 --format=%cI -- docs/experiment-real/PLAN.md (cd2081e)
     )
     amendment = "2026-12-02T00:03:27Z"  # amendment 1 (9e99860), before launches 4 and 5
+    amendment2 = "2026-12-02T02:58:34Z"  # amendment 2 (f172719), before launch 6
     runs = sorted(DOCS.glob("*/smollm2-S*-s*/run.json"))
-    assert len(runs) == 12 + 12 + 2 + 12 + 1
+    assert len(runs) == 12 + 12 + 2 + 12 + 1 + 12
     for path in runs:
         info = json.loads(path.read_text())
-        after = amendment if path.parts[-3] in ("launch4", "solo") else plan_committed
+        after = {"launch4": amendment, "solo": amendment, "launch6": amendment2}.get(
+            path.parts[-3], plan_committed
+        )
         assert info["started"] > after and info["code"]["commit"], path
 
 
@@ -65,9 +68,26 @@ def test_the_primary_block_is_analysis_compare_seed_level_test(tmp_path):
     block = bench.primary_block(tmp_path)
     published = (seeds6 / "S2_vs_S0/report.md").read_text()
     primary = next(line for line in published.splitlines() if line.startswith("| heldout300 (primary) |"))
-    assert "step 10 (PLAN.md's deviation" in block and primary in block.splitlines()
+    assert (
+        "step 10, PLAN.md's deviation step, seeds 0, 1, 2, 3, 4, 5" in block and primary in block.splitlines()
+    )
+    assert "Sensitivity" not in block  # no run failed there
     table = bench.arm_trajectory(tmp_path).splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| 0", "| 5", "| 10"]
+
+
+def test_launch6_leaves_the_failed_runs_seed_out_and_compares_at_step_20():
+    """PLAN.md's rules on launch 6's rows: S0-s1 logged a NaN gradient norm at step 12 (a failed run), so seed 1's
+    pair leaves the seed-level test; the other ten runs all evaluated step 20; all twelve, step 10."""
+    bench, launch = _bench(), DOCS / "launch6"
+    assert [r.name for r in sorted(launch.glob("smollm2-*")) if r.is_dir() and bench.failed(r)] == [
+        "smollm2-S0-s1"
+    ]
+    assert bench.tested_seeds(launch) == (0, 2, 3, 4, 5)
+    assert bench.common_step(launch, (0, 2, 3, 4, 5)) == 20 and bench.common_step(launch) == 10
+    block = bench.primary_block(launch)
+    assert "### Primary: S2 − S0, heldout300, step 20, PLAN.md's deviation step, seeds 0, 2, 3, 4, 5" in block
+    assert "### Sensitivity, every seed (not the primary): S2 − S0, heldout300, step 10" in block
 
 
 def test_the_seed0_comparison_recomputes(tmp_path):

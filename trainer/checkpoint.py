@@ -94,7 +94,9 @@ def import_optimizer(trainer, tensors: dict[str, torch.Tensor], meta: dict) -> N
         sharding.load_full_adamw_state(model, opt, state)
         return
     # torch's fused and capturable AdamW keep `step` on the parameter's device (as its load_state_dict restores it)
-    on_device = {id(q) for g in opt.param_groups if g.get("fused") or g.get("capturable") for q in g["params"]}
+    on_device = {
+        id(q) for g in opt.param_groups if g.get("fused") or g.get("capturable") for q in g["params"]
+    }
     for name, p in model.named_parameters():
         if name in meta["steps"]:
             device = p.device if id(p) in on_device else "cpu"

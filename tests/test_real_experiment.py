@@ -90,6 +90,17 @@ def test_launch6_leaves_the_failed_runs_seed_out_and_compares_at_step_20():
     assert "### Sensitivity, every seed (not the primary): S2 − S0, heldout300, step 10" in block
 
 
+def test_the_launch6_primary_report_recomputes(tmp_path):
+    launch = DOCS / "launch6"
+    a, b = (",".join(str(launch / f"smollm2-{arm}-s{s}") for s in (0, 2, 3, 4, 5)) for arm in ("S2", "S0"))
+    assert compare_main([a, b, "--a-step", "20", "--b-step", "20", "--out", str(tmp_path)]) == 0
+
+    def tables(text: str) -> list[str]:
+        return [line for line in text.splitlines() if line.startswith("|")]
+
+    assert tables((tmp_path / "report.md").read_text()) == tables((launch / "S2_vs_S0/report.md").read_text())
+
+
 def test_the_seed0_comparison_recomputes(tmp_path):
     a, b = DOCS / "runs/smollm2-S2-s0", DOCS / "runs/smollm2-S0-s0"
     assert compare_main([str(a), str(b), "--a-step", "10", "--b-step", "10", "--out", str(tmp_path)]) == 0

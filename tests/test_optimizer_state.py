@@ -8,7 +8,10 @@ import torch
 from rundir.state import load_state, save_state
 from trainer.checkpoint import export_optimizer, import_optimizer
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA"))]
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA")),
+]
 
 
 def _as_trainer(model, opt):

@@ -20,7 +20,8 @@ RECIPE = yaml.safe_load(open("configs/mimo9b-lora.yaml"))
 @pytest.fixture()
 def peft_model():
     """The tiny Qwen3.5 in the recipe's dtype with the recipe's adapters, every lora_B non-zero (as after a
-    step: at init B = 0 and the merge adds nothing)."""
+    step: at init B = 0 and the merge adds nothing), every adapter value one that bf16 holds (as loaded from
+    a checkpoint), so that TRL's merge and ours compute the same Δ."""
     torch.manual_seed(0)
     _, model = tiny_random_model()
     config = LoraConfig(
@@ -34,6 +35,8 @@ def peft_model():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 1e-3)
+            if "lora_" in name:
+                p.copy_(p.to(torch.bfloat16))
     return model
 
 

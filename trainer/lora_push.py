@@ -1,14 +1,19 @@
-"""LoRA weight pushes to a colocated vLLM engine that never write into the training model.
+"""LoRA weight pushes to vLLM that never write into the training model, and push the checkpoint's weights.
 
 TRL 1.16 pushes a PEFT model by merging the adapters into the base weights in place (`merge_adapter`),
 reading every weight, and unmerging (`unmerge_adapter`): W + Δ - Δ is not W in floating point, so each push
 moves the frozen base weights a little (bf16: a whole ulp in about 3% of an adapted layer's weights for a
-Δ of 1e-3; tests/real_vllm/test_vllm_lora.py), the drift adds up over the run, and a push that fails
-half-way leaves the model merged. Here each adapted layer's weight is pushed as a new tensor W + Δ, which is
-what the merge would hold, rounded once in the base's dtype as PEFT's in-place add rounds it.
+Δ of 1e-3; tests/test_lora_push.py), the drift adds up over the run, and a push that fails half-way leaves
+the model merged. Here each adapted layer's weight is pushed as a new tensor W + Δ, rounded once in the
+base's dtype as PEFT's in-place add rounds it, with Δ computed from the adapters as stepNNN/ stores them
+(bf16): the engine then holds exactly the base merged with the saved adapter, so its evaluation rows are
+what `python -m trainer.evaluation` gives on the checkpoint, as for a full fine-tune (whose engine holds
+the bf16 weights stepNNN/ stores). The rounding is of the order of the bf16 rounding vLLM applies anyway.
 """
 
+import torch
 from accelerate.utils import is_peft_model
+from peft.utils.other import transpose
 from trl.generation.vllm_generation import VLLMGeneration
 
 
@@ -19,13 +24,19 @@ def lora_layers(model) -> dict[str, object]:
     return {f"{n}.base_layer.weight": m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
+def stored(t: torch.Tensor) -> torch.Tensor:
+    """`t` as a checkpoint keeps it: rounded to bf16, in its own dtype."""
+    return t.to(torch.bfloat16).to(t.dtype)
+
+
 def merged_weight(layer, weight):
     """W + Δ over the layer's active adapters, as a new tensor rounded once to W's dtype, as PEFT's in-place
-    `W += Δ` rounds it (Δ: PEFT's `get_delta_weight`, in the adapters' dtype)."""
+    `W += Δ` rounds it; Δ = B·A·scaling of the stored adapter, what PEFT's merge computes from a loaded one."""
     out = weight
     for adapter in layer.active_adapters:
         if adapter in layer.lora_A:
-            out = out + layer.get_delta_weight(adapter)
+            a, b = layer.lora_A[adapter].weight, layer.lora_B[adapter].weight
+            out = out + transpose(stored(b) @ stored(a), layer.fan_in_fan_out) * layer.scaling[adapter]
     return out.to(weight.dtype)
 
 
@@ -60,5 +71,5 @@ class UnmergedLoRAPush(VLLMGeneration):
 def install(trainer) -> None:
     """vLLM with a PEFT model: pushes through `UnmergedLoRAPush` (the engine object stays the one TRL built)."""
     engine = getattr(trainer, "vllm_generation", None)
-    if engine is not None and is_peft_model(engine.model):
+    if isinstance(engine, VLLMGeneration) and is_peft_model(engine.model):
         engine.__class__ = UnmergedLoRAPush

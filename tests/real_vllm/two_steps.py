@@ -142,28 +142,26 @@ class LoraWatch:
 
     def probe(self, engine, step_dir: Path) -> dict:
         """vLLM's copy of each adapted layer that vLLM keeps unfused (o_proj, out_proj, down_proj) against
-        W + Δ of the trainer's adapters, against W alone, and against W + Δ of the saved checkpoint."""
+        W + Δ of the trainer's adapters, against W alone, and against PEFT's merge of the saved checkpoint."""
         from peft import PeftModel
         from transformers import Qwen3_5ForConditionalGeneration
 
         from trainer.lora_push import merged_weight
 
         theirs = vllm_weights(engine)
-        saved = PeftModel.from_pretrained(
-            Qwen3_5ForConditionalGeneration.from_pretrained(self.model.name_or_path, dtype=torch.bfloat16),
-            step_dir,
-        )
-        saved_layers = {n.removeprefix("base_model.model."): m for n, m in saved.named_modules()}
+        base = Qwen3_5ForConditionalGeneration.from_pretrained(self.model.name_or_path, dtype=torch.bfloat16)
+        saved = dict(
+            PeftModel.from_pretrained(base, step_dir).merge_and_unload().named_parameters()
+        )  # PEFT's
         compared, vs_merged, vs_base, vs_saved = [], 0.0, 0.0, 0.0
         for name, layer in self.layers.items():
-            key = name.replace(".base_layer", "")
-            key = key[key.index("layers.") :]
+            plain = name.removeprefix("base_model.model.").replace(".base_layer", "")
+            key = plain[plain.index("layers.") :]
             if key not in theirs or theirs[key].shape != layer.get_base_layer().weight.shape:
                 continue  # fused by vLLM (qkv_proj, gate_up_proj, in_proj_*)
             vllm_w = theirs[key].detach().float()
             ours = merged_weight(layer, layer.get_base_layer().weight.detach()).to(theirs[key].dtype).float()
-            module = saved_layers[name.removeprefix("base_model.model.").removesuffix(".base_layer.weight")]
-            from_ckpt = merged_weight(module, module.get_base_layer().weight.detach()).float()
+            from_ckpt = saved[plain].detach().float()
             vs_merged = max(vs_merged, (vllm_w - ours).abs().max().item())
             vs_base = max(
                 vs_base, (vllm_w - self.base[name].to(theirs[key].dtype).float()).abs().max().item()
@@ -201,7 +199,10 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, required=True)
     p.add_argument("--skip-pushes", action="store_true")
     p.add_argument("--lora", action="store_true")
+    p.add_argument("--no-conv-pack", action="store_true", help="tests/real_vllm/kernels.py's no_conv_pack")
     a = p.parse_args(argv)
+    if a.no_conv_pack:
+        tests.real_vllm.kernels.no_conv_pack()
 
     generate_calls = []
     original_generate = transformers.GenerationMixin.generate

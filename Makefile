@@ -34,7 +34,7 @@ test:  ## the whole suite, slow end-to-end tests included (what CI runs)
 test-fast:
 	$(PY) -m pytest -q -m "not slow"
 
-test-vllm:  ## opt-in, not in `make test`: CapGRPOTrainer on vLLM's CPU build, in its own venv .venv-vllm (docs/gpu.md)
+test-vllm:  ## opt-in, not in `make test`: CapGRPOTrainer on vLLM's CPU build (colocate, server, LoRA, two processes), in its own venv .venv-vllm (docs/gpu.md)
 	test -x .venv-vllm/bin/python || bash tests/real_vllm/setup_venv.sh .venv-vllm
 	.venv-vllm/bin/python -m pytest -q tests/real_vllm
 

@@ -9,11 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from trl import ModelConfig
 
 from rundir.state import StateError, save_state
 from rundir.step import write_manifest
 from trainer.checkpoint import load_resume_state
-from trainer.config import CapGRPOConfig
+from trainer.config import CapGRPOConfig, ConfigError
+from trainer.train import resume_event
 
 PROBE = Path(__file__).with_name("fsdp2_probe.py")
 
@@ -56,3 +58,16 @@ def test_resume_refuses_another_process_count(tmp_path):
         StateError, match=r"state001: saved by 2 process\(es\), this launch has 1; .*--num_processes 2"
     ):
         load_resume_state(run, args)
+
+
+def test_resume_names_the_process_count_before_the_fields_it_implies(tmp_path):
+    """A one-process resume of a two-process run changes gradient_accumulation_steps and steps_per_generation
+    too (the same rollouts over fewer processes); the refusal names the process count, not those."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"launch": {"num_processes": 2}, "config": {}}))
+    args = CapGRPOConfig(output_dir=str(run), arm="S2", report_to="none", use_cpu=True)
+    with pytest.raises(
+        ConfigError, match=r"launched with 2 process\(es\), this launch has 1; resume with --num_processes 2"
+    ):
+        resume_event(run, args, ModelConfig(model_name_or_path="base"), {"sha256": None})

@@ -117,3 +117,24 @@ def test_checkpoint_is_an_adapter_with_an_adapter_card(lora_run):
     assert any(n.endswith(some_b.removesuffix(".weight") + ".default.weight") for n in trained)
     card = (step / "README.md").read_text()
     assert "LoRA adapter" in card  # cards/checkpoint_card.py names the adapter (docs/gpu.md "LoRA")
+
+
+def test_evaluation_loads_the_adapter_merged_into_its_base(lora_run):
+    """`make eval` on a LoRA stepNNN/ (no config.json there): the base named in adapter_config.json with the
+    stored adapter merged in, as the run's vLLM engine holds it (trainer/lora_push.py)."""
+    from peft import PeftModel
+
+    from trainer.evaluation import load_checkpoint
+    from trainer.lora_push import stored  # checkpoints hold bf16
+
+    _, _, _, run = lora_run
+    model, tokenizer = load_checkpoint(run / "step001", "cpu")
+    base = json.loads((run / "step001/adapter_config.json").read_text())["base_model_name_or_path"]
+    plain, _ = load_checkpoint(Path(base), "cpu")
+    merged = PeftModel.from_pretrained(
+        load_checkpoint(Path(base), "cpu")[0], run / "step001"
+    ).merge_and_unload()
+    ours, theirs, untouched = model.state_dict(), merged.state_dict(), plain.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], stored(theirs[k])) for k in ours)
+    assert any(not torch.equal(ours[k], untouched[k]) for k in ours)  # the adapter is in
+    assert tokenizer.eos_token_id is not None

@@ -16,10 +16,11 @@ import copy
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -432,8 +433,40 @@ def checkpoint_weights(model):
     return as_checkpoint(copy.deepcopy(model))
 
 
+def is_adapter(path: Path) -> bool:
+    """A LoRA run's stepNNN/: the adapter alone (docs/gpu.md "LoRA")."""
+    return (Path(path) / "adapter_config.json").is_file()
+
+
+@contextmanager
+def merged_adapter(path: Path) -> Iterator[Path]:
+    """A LoRA stepNNN/ as a model directory: its base (adapter_config.json's base_model_name_or_path) with the
+    stored adapter merged in by PEFT, bf16, with the checkpoint's tokenizer and processor files and the base's
+    generation config; removed afterwards. What the run's vLLM engine held (trainer/lora_push.py)."""
+    import tempfile
+
+    from peft import PeftConfig, PeftModel
+
+    from trainer.checkpoint import PROCESSOR_FILES
+
+    base = Path(PeftConfig.from_pretrained(path).base_model_name_or_path)
+    model, _ = load_checkpoint(base, "cpu")
+    merged = PeftModel.from_pretrained(model, path).merge_and_unload()
+    with tempfile.TemporaryDirectory(prefix="capgrpo-merged-") as tmp:
+        merged.to(torch.bfloat16).save_pretrained(tmp)
+        transformers.AutoTokenizer.from_pretrained(path).save_pretrained(tmp)
+        for name in (*PROCESSOR_FILES, "generation_config.json"):
+            if (src := Path(path) / name).is_file() or (src := base / name).is_file():
+                shutil.copy(src, Path(tmp) / name)
+        yield Path(tmp)
+
+
 def load_checkpoint(path: Path, device: str):
-    """A saved stepNNN/ (or the base model) with the architecture class named in its config.json."""
+    """A saved stepNNN/ (or the base model) with the architecture class named in its config.json; a LoRA
+    stepNNN/ merged into its base."""
+    if is_adapter(path):
+        with merged_adapter(path) as merged:
+            return load_checkpoint(merged, device)
     config_file = Path(path) / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{config_file}: no such checkpoint config")
@@ -533,9 +566,11 @@ def main(argv: list[str] | None = None) -> int:
             if use_vllm:
                 from vllm import LLM
 
-                llm, model = LLM(model=str(path), seed=spec.seed, dtype="auto"), None
-                tokenizer = transformers.AutoTokenizer.from_pretrained(path)
-                eos = eos_token_ids(tokenizer, _generation_config(path))
+                # a LoRA checkpoint: vLLM loads the merged model, as the run's engine held it
+                with merged_adapter(path) if is_adapter(path) else nullcontext(path) as model_dir:
+                    llm, model = LLM(model=str(model_dir), seed=spec.seed, dtype="auto"), None
+                    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+                    eos = eos_token_ids(tokenizer, _generation_config(model_dir))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
             rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)

@@ -32,7 +32,7 @@ from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import cpu_generation, generation, micro_batch
+from trainer import cpu_generation, generation, lora_push, micro_batch
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
@@ -96,6 +96,9 @@ class CapGRPOTrainer(GRPOTrainer):
             **kwargs,
         )
         self.outcome_reward.eos_token_ids = frozenset(self.eos_token_ids)  # TRL adds the tokenizer's EOS
+        lora_push.install(
+            self
+        )  # LoRA pushes to vLLM leave the base weights as they were (trainer/lora_push.py)
         self.generation_shapes = None  # None: TRL's generation path
         if args.resolved_backends().compiled_rollouts:
             rows = args.generation_rows or args.problems_per_round * self.num_generations

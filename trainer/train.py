@@ -26,6 +26,7 @@ from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging
 from trl import ModelConfig, TrlParser, get_peft_config
+from trl.generation.vllm_generation import VLLMGeneration
 
 from data.atomic import DiskFullError, is_disk_full
 from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
@@ -133,6 +134,12 @@ def resume_event(run_dir: Path, args: CapGRPOConfig, model_args: ModelConfig, sn
     """Compare this launch with the run's run.json: refuse (by name, old → new) what would break exactness,
     return the accepted changes for the resume event."""
     info = read_run_json(run_dir)
+    saved_by = info.get("launch", {}).get("num_processes")
+    if saved_by is not None and saved_by != args.world_size:  # first: the batch fields it implies differ too
+        raise ConfigError(
+            f"{run_dir / 'run.json'}: the run was launched with {saved_by} process(es), this launch has "
+            f"{args.world_size}; resume with --num_processes {saved_by}"
+        )
     new = json.loads(args.to_json_string())
     refused, accepted = resume_changes(info.get("config", {}), new)
     if info.get("base_model") != model_args.model_name_or_path:
@@ -330,7 +337,17 @@ def train(argv: list[str] | None) -> None:
             raise lost from None
         raise
     trainer.accelerator.wait_for_everyone()  # processes leave together: an early exit can abort the others'
+    close_vllm(trainer)
     trainer.accelerator.end_training()  # gloo/NCCL teardown (destroys the process group)
+
+
+def close_vllm(trainer) -> None:
+    """A colocated engine's teardown destroys vLLM's process groups, then the default one. Left to the
+    interpreter's exit, it ran after end_training had destroyed the default group, and every process of a
+    multi-process run ended on a traceback ("Invalid process group specified"; docs/gpu.md)."""
+    engine = getattr(trainer, "vllm_generation", None)
+    if isinstance(engine, VLLMGeneration) and engine.mode == "colocate":
+        engine.llm.llm_engine.engine_core.shutdown()
 
 
 def _pop_debug(argv: list[str]) -> bool:

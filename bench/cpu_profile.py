@@ -7,9 +7,11 @@ rows computed per decode step, and checks that both arms give the same tokens. `
 prints cProfile's top N functions of one evaluation and one round with our loop. `--threads` instead times
 one training micro-batch (forward + backward of `per_device_train_batch_size` rollouts) and one rollout
 round at one and at two intra-op threads, interleaved, and checks that logits, gradients and tokens are
-bitwise the same at both.
+bitwise the same at both. `--shares` instead compares our loop with itself at one and at two intra-op
+threads (the call's rows decoded in one share, or in two shares on two threads), same tokens checked.
 
     python bench/cpu_profile.py [--recipe configs/embedded.yaml] [--repeats 3] [--profile 25] [--threads]
+                                [--shares]
 """
 
 from __future__ import annotations
@@ -43,12 +45,25 @@ def cpu_seconds() -> float:
     return t.user + t.system
 
 
-def arms():
-    """(name, context) pairs: transformers' loop (our context patched out) and ours."""
+def arms(shares: bool = False):
+    """(name, context) pairs: transformers' loop (our context patched out) and ours; with `shares`, ours on
+    one intra-op thread (one share) and on two (two shares on two threads)."""
+    if shares:
+        return [("1 share", _on_threads(1)), ("2 shares", _on_threads(2))]
     return [
         ("transformers", lambda model: contextlib.nullcontext()),
         ("compact", cpu_generation.compact_decoding),
     ]
+
+
+def _on_threads(threads: int):
+    @contextlib.contextmanager
+    def context(model):
+        torch.set_num_threads(threads)  # what compact_decoding finds: the share count
+        with cpu_generation.compact_decoding(model):
+            yield
+
+    return context
 
 
 def main() -> int:
@@ -59,6 +74,7 @@ def main() -> int:
     parser.add_argument(
         "--threads", action="store_true", help="the training pass and a round at 1 vs 2 threads"
     )
+    parser.add_argument("--shares", action="store_true", help="our loop at 1 vs 2 threads (shares)")
     args = parser.parse_args()
     recipe = yaml.safe_load(Path(args.recipe).read_text())
     torch.set_num_threads(1)  # what train.py sets for the embedded recipe (cpu_threads)
@@ -115,27 +131,29 @@ def main() -> int:
     model.register_forward_pre_hook(
         lambda m, a, kw: rows_seen.append(kw["input_ids"].shape), with_kwargs=True
     )
+    arm_list = arms(args.shares)
+    first, second = (name for name, _ in arm_list)
     for name, phase in phases.items():
-        times = {arm: [] for arm, _ in arms()}
+        times = {arm: [] for arm, _ in arm_list}
         work = {}
         for r in range(args.repeats):
             outputs = {}
-            for arm, context in arms():
+            for arm, context in arm_list:
                 rows_seen.clear()
                 with _patched(context):
                     wall, cpu = time.perf_counter(), cpu_seconds()
                     outputs[arm] = phase(r)
                     times[arm].append((time.perf_counter() - wall, cpu_seconds() - cpu))
                 work[arm] = sum(s[0] * s[1] for s in rows_seen)  # rows x tokens fed to the model
-            if outputs["transformers"] != outputs["compact"]:
-                print(f"{name}: the two loops gave different tokens", file=sys.stderr)
+            if outputs[first] != outputs[second]:
+                print(f"{name}: {first} and {second} gave different tokens", file=sys.stderr)
                 return 1
         print(f"{name}: same tokens in {args.repeats} interleaved repeats; seconds min / median / max")
         for arm, values in times.items():
             wall, cpu = ([v[i] for v in values] for i in (0, 1))
             print(
                 f"  {arm:>12}: wall {_mmm(wall)}  cpu {_mmm(cpu)}  row-tokens fed {work[arm]:,}"
-                f" ({work[arm] / work['transformers']:.2f})"
+                f" ({work[arm] / work[first]:.2f})"
             )
     return 0
 

@@ -62,6 +62,38 @@ def test_same_tokens_as_generate_with_fewer_rows(base, monkeypatch, temperature)
     assert "generate" not in model.__dict__  # the context put generate back
 
 
+def test_shares_on_parallel_threads_give_generates_tokens_and_random_stream(base, monkeypatch):
+    """With 3 intra-op threads the call's rows are decoded in 3 shares on 3 threads, one intra-op thread each;
+    every share draws the whole batch's random numbers, so tokens and the generator's state afterwards are
+    generate's (the next rollout round's draws are unchanged too)."""
+    model, tokenizer = base
+    problems = [t["problem"] for t in embedded_tasks()[:6]]
+    ids, mask = left_padded(tokenizer, [p for p in problems for _ in range(3)])
+    config = GenerationConfig(
+        max_new_tokens=160, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=[tokenizer.eos_token_id], disable_compile=True,
+    )  # fmt: skip
+    monkeypatch.setattr(cpu_generation, "MIN_SHARE_ROWS", 4)
+    threads = []
+    hook = model.register_forward_pre_hook(
+        lambda m, a, kw: threads.append((torch.get_num_threads(), kw["input_ids"].shape[0])), with_kwargs=True
+    )
+    try:
+        torch.set_num_threads(1)
+        expected, _ = generate(model, ids, mask, config, 0, compact=False)
+        state = torch.get_rng_state()
+        threads.clear()
+        torch.set_num_threads(3)
+        got, _ = generate(model, ids, mask, config, 0, compact=True)
+        assert torch.get_num_threads() == 3  # restored
+    finally:
+        hook.remove()
+        torch.set_num_threads(1)
+    assert torch.equal(got, expected) and torch.equal(torch.get_rng_state(), state)
+    assert {t for t, _ in threads} == {1} and max(rows for _, rows in threads) == 6  # 3 shares of 6 rows
+    assert (expected[:, ids.shape[1] : -1] == tokenizer.eos_token_id).any(1).sum().item() > 0  # rows ended
+
+
 def test_greedy_goes_to_transformers_loop(base):
     model, tokenizer = base
     ids, mask = left_padded(tokenizer, [t["problem"] for t in embedded_tasks()[:2]])

@@ -216,18 +216,12 @@ def _generate_vllm(llm, prompts, seeds, spec: EvalSpec, eos: list[int]):
 def _isolated(model) -> Iterator[None]:
     """Eval mode and private RNG: the training run's random stream and module modes come back untouched.
 
-    On CPU generation runs on one intra-op thread: float reductions then do not depend on the machine's
-    core count (so another machine reproduces the rows), and small models run faster on shared cores.
+    On CPU each generate call decodes on one intra-op thread per share of its rows (compact_decoding): float
+    reductions then do not depend on the machine's core count (so another machine reproduces the rows).
     """
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    threads = torch.get_num_threads()
     with torch.random.fork_rng(devices=devices), eval_mode(model):
-        if model is not None and model.device.type == "cpu":
-            torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(threads)
+        yield
 
 
 def generate_eval(

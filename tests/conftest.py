@@ -8,6 +8,12 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# `make test`'s two workers share the cores with each other and with the runs they start: waiting OpenMP
+# threads sleep instead of spinning (as `trainer.train` sets for itself), and a worker's own torch runs on one
+# intra-op thread (its core); tests of thread counts and runs with `cpu_threads` set theirs explicitly.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 

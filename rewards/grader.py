@@ -597,6 +597,10 @@ class GraderPool:
     def _on_ready(self, slot: int, report: BatchReport, failed_start: set[int]) -> None:
         worker = self._workers[slot]
         if not self._wait_ready(worker, 0):
+            try:  # a worker's end of file comes just before its exit: reap it, so the warning says how it ended
+                worker.process.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
             self._start_failed(slot, report, failed_start)
 
     def _start_failed(self, slot: int, report: BatchReport, failed_start: set[int]) -> None:

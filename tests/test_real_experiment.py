@@ -96,7 +96,9 @@ def test_the_launch6_primary_report_recomputes(tmp_path):
     assert compare_main([a, b, "--a-step", "20", "--b-step", "20", "--out", str(tmp_path)]) == 0
 
     def tables(text: str) -> list[str]:  # every table row but where the runs were (an absolute path)
-        return [line for line in text.splitlines() if line.startswith("|") and "| run directory |" not in line]
+        return [
+            line for line in text.splitlines() if line.startswith("|") and "| run directory |" not in line
+        ]
 
     assert tables((tmp_path / "report.md").read_text()) == tables((launch / "S2_vs_S0/report.md").read_text())
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from scripted import make_trainer, tiny_random_model
 from short_run import BEMA, EVALUATED, run, same_run, train_args, train_cmd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -355,12 +356,22 @@ def test_sigterm_ends_the_run_after_its_step_saved_and_resume_is_bitwise_identic
     same_run(out, short_run)
 
 
-def test_a_nan_gradient_is_not_applied_and_stops_the_run_in_one_line():
-    """StopOnNonFiniteGradient: a NaN or inf norm raises before the optimizer step; finite ones pass."""
-    from trainer.finite_gradients import NonFiniteGradientError, StopOnNonFiniteGradient
+def _guarded_linear(skip: bool):
+    from trainer.finite_gradients import NonFiniteGradientGuard
+    from trainer.step_record import StepRecord
 
     model = torch.nn.Linear(3, 2)
-    guard = StopOnNonFiniteGradient(model, SimpleNamespace(device="cpu", num_processes=1))
+    trainer = SimpleNamespace(
+        model=model, accelerator=SimpleNamespace(device="cpu", num_processes=1), step_record=StepRecord()
+    )
+    return model, trainer, NonFiniteGradientGuard(trainer, skip=skip)
+
+
+def test_a_nan_gradient_is_not_applied_and_stops_the_run_in_one_line():
+    """nonfinite_gradient: stop: a NaN or inf norm raises before the optimizer step; finite ones pass."""
+    from trainer.finite_gradients import NonFiniteGradientError
+
+    model, _, guard = _guarded_linear(skip=False)
     args, state = SimpleNamespace(output_dir="runs/x"), SimpleNamespace(global_step=4)
     guard.on_pre_optimizer_step(args, state, None)  # no gradients yet: nothing to check
     model(torch.ones(1, 3)).sum().backward()
@@ -369,6 +380,36 @@ def test_a_nan_gradient_is_not_applied_and_stops_the_run_in_one_line():
         model.weight.grad[0, 0] = bad
         with pytest.raises(NonFiniteGradientError, match=r"runs/x: step 5: the gradient norm is (nan|inf)"):
             guard.on_pre_optimizer_step(args, state, None)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_skipped_nan_step_leaves_weights_and_adamw_state_as_they_were(fused):
+    """nonfinite_gradient: skip: the step's gradients are dropped, so AdamW moves nothing (weights, moments,
+    step count), the row says update_skipped; a finite step after it updates as usual."""
+    model, trainer, guard = _guarded_linear(skip=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=fused)
+    args, state = SimpleNamespace(output_dir="runs/x"), SimpleNamespace(global_step=4)
+
+    def step(poison: bool) -> None:
+        model(torch.ones(1, 3)).sum().backward()
+        if poison:
+            model.bias.grad[0] = float("nan")
+        guard.on_pre_optimizer_step(args, state, None)
+        opt.step()
+        opt.zero_grad()
+
+    step(poison=False)
+    before = [t.clone() for t in (model.weight, model.bias)]
+    moments = {k: {n: v.clone() for n, v in s.items()} for k, s in enumerate(opt.state.values())}
+    step(poison=True)
+    assert trainer.step_record.update_skipped
+    assert all(torch.equal(a, b) for a, b in zip(before, (model.weight, model.bias), strict=True))
+    after = {k: s for k, s in enumerate(opt.state.values())}
+    assert all(torch.equal(moments[k][n], after[k][n]) for k in moments for n in moments[k])
+    trainer.step_record = type(trainer.step_record)()
+    step(poison=False)
+    assert not trainer.step_record.update_skipped and not torch.equal(before[0], model.weight)
+    assert all(s["step"].item() == 2 for s in opt.state.values())
 
 
 @pytest.mark.slow
@@ -388,3 +429,30 @@ def test_a_run_whose_gradient_turns_nan_stops_there_with_its_last_state_intact(
     assert meta["step"] == 1 and all(
         torch.isfinite(t).all() for t in tensors.values() if t.is_floating_point()
     )
+
+
+@pytest.mark.slow
+def test_a_run_told_to_skip_nan_updates_skips_that_step_and_goes_on(tiny_base, embedded_snapshot, tmp_path):
+    """nonfinite_gradient: skip: step 2's NaN gradient is not applied (step 2's weights are step 1's), its row
+    says so, and step 3 trains from there."""
+    out = tmp_path / "K"
+    nan = 'tests.callback_examples:NaNGradientAtStep={"step": 2}'
+    cmd = train_cmd(tiny_base, embedded_snapshot, out, callbacks=(nan,), nonfinite_gradient="skip")
+    proc = subprocess.run(cmd, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{out}: step 2: the gradient norm is nan (not finite): its update is skipped" in proc.stderr
+    rows = [json.loads(line) for line in (out / "results/steps.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["update_skipped"]) for r in rows] == [(1, False), (2, True), (3, False)]
+    assert all(r["nonfinite_losses"] == 0 for r in rows)  # the NaN comes after the loss (NaNGradientAtStep)
+
+    def weights(step: int) -> dict:
+        return {
+            k: v
+            for f in sorted((out / f"step{step:03d}").glob("*.safetensors"))
+            for k, v in load_file(f).items()
+        }
+
+    one, two, three = weights(1), weights(2), weights(3)
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    assert any(not torch.equal(two[k], three[k]) for k in two)

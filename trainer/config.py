@@ -113,6 +113,13 @@ class CapGRPOConfig(GRPOConfig):
     checkpoint_steps: list[int] = field(default_factory=list, metadata={"help": "Steps saving stepNNN/."})
     checkpoint_every: int = field(default=0, metadata={"help": "Also save every N steps (0: off)."})
     keep_states: int = field(default=2, metadata={"help": "Newest stateNNN/ kept (optimizer state)."})
+    nonfinite_gradient: str = field(
+        default="stop",
+        metadata={
+            "help": "A step whose gradient norm is NaN or inf: stop the run there, or skip its update.",
+            "choices": ["stop", "skip"],
+        },
+    )
     cpu_adamw: bool | None = field(
         default=None, metadata={"help": "CPU-offloaded AdamW (default: on for single-process GPU runs)."}
     )
@@ -294,6 +301,10 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(
                 "save_on_each_node: not supported: the run directory is written once, by the global main "
                 "process; give every node one output_dir on a shared filesystem (docs/gpu.md)"
+            )
+        if self.nonfinite_gradient not in ("stop", "skip"):
+            raise ConfigError(
+                f"nonfinite_gradient: must be 'stop' or 'skip', got {self.nonfinite_gradient!r}"
             )
         if self.grader not in GRADER_VERSIONS:  # the command line checks `choices`; a YAML recipe does not
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")

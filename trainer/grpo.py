@@ -328,6 +328,7 @@ class CapGRPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         loss = super()._compute_loss(model, inputs)
+        self.step_record.nonfinite_losses += int(not torch.isfinite(loss.detach()).all())
         mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()
         self._step_logps.append(self._last_logps.detach()[mask].float().cpu())
         return loss

@@ -49,7 +49,7 @@ from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsave
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
-from trainer.finite_gradients import NonFiniteGradientError, StopOnNonFiniteGradient
+from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer
 from trainer.micro_batch import MicroBatch
 from trainer.steps_log import StepsLog
@@ -260,7 +260,8 @@ def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resum
     one that stops training in on_step_end or on_log has its last step saved."""
     saver = CheckpointCallback(trainer, run_dir, base_dir=base)
     trainer.add_callback(StopOnSignal(trainer.accelerator))  # SIGTERM/SIGUSR1: this step saved, then stop
-    trainer.add_callback(StopOnNonFiniteGradient(trainer.model, trainer.accelerator))  # NaN: stop, unapplied
+    skip = trainer.args.nonfinite_gradient == "skip"
+    trainer.add_callback(NonFiniteGradientGuard(trainer, skip))  # a NaN gradient: stop, or skip its update
     trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb, checkpoint_callback=saver))
     if eval_cb is not None:
         trainer.add_callback(eval_cb)

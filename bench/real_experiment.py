@@ -487,14 +487,17 @@ def trajectory_table(where: Path, seed: int = 0) -> str:
 
 
 LAUNCH4 = "launch4"  # amendment 1's twelve runs: <arm>-s<seed>/
-LAUNCH = "launch6"  # amendment 2's twelve runs, the plan's test
+LAUNCH6 = "launch6"  # amendment 2's twelve runs: to steps 24-29, S0-s1 failed at step 12
+LAUNCH = "launch7"  # amendment 3's twelve runs, all to step 30: the plan's test
 
 
 def failed(run: Path) -> bool:
     """PLAN.md: "a run that fails": one whose training applied a non-finite gradient (launch 6: its weights were
     then NaN, and it ended in the next generation's device assert; its log has the rest). A step whose update
     was skipped (amendment 3, `nonfinite_gradient: skip`) is not a failure."""
-    return any(not math.isfinite(r.get("grad_norm", 0.0)) and not r.get("update_skipped") for r in _steps(run))
+    return any(
+        not math.isfinite(r.get("grad_norm", 0.0)) and not r.get("update_skipped") for r in _steps(run)
+    )
 
 
 def tested_seeds(where: Path) -> tuple[int, ...]:
@@ -579,16 +582,68 @@ def arm_trajectory(where: Path, seeds: tuple[int, ...] = SEEDS) -> str:
 
 
 def launch_status(where: Path) -> str:
-    """Per run of a launch: the steps it logged and the steps it evaluated."""
+    """Per run of a launch: the steps it logged, the steps whose update it skipped (a non-finite gradient,
+    amendment 3) and the steps it evaluated."""
     from rundir.files import Run
 
-    lines = ["| run | steps logged | evaluated at steps |", "|---|---|---|"]
+    lines = ["| run | steps logged | updates skipped at steps | evaluated at steps |", "|---|---|---|---|"]
     for arm in ARMS:
         for seed in SEEDS:
             run = where / f"smollm2-{arm}-s{seed}"
-            steps = [r["step"] for r in _steps(run)] if (run / "results/steps.jsonl").is_file() else []
+            rows = _steps(run) if (run / "results/steps.jsonl").is_file() else []
+            skipped = ", ".join(str(r["step"]) for r in rows if r.get("update_skipped")) or "none"
             evaluated = ", ".join(map(str, Run(run).evaluated()))
-            lines.append(f"| {run.name} | {max(steps, default=0)} | {evaluated} |")
+            lines.append(
+                f"| {run.name} | {max((r['step'] for r in rows), default=0)} | {skipped} | {evaluated} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def heldout_outcome_table(where: Path, steps: tuple[int, ...], outcome: str = "format_rejected") -> str:
+    """Exploratory, seed-level: S2 - S0 in the heldout300 share of `outcome` per training seed at each of
+    `steps` (over the seeds whose two runs both evaluated it), with the exact sign-flip test over the seeds."""
+    import statistics
+
+    from analysis.stats import sign_flip_test
+    from rundir.files import Run
+
+    lines = ["| step | seeds | S2 - S0 per seed (pp) | mean (pp) | SD (pp) | seeds with S2 lower | p (exact sign-flip) |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for step in steps:
+        runs = {s: [Run(where / f"smollm2-{a}-s{s}") for a in ("S2", "S0")] for s in SEEDS}
+        seeds = [s for s, pair in runs.items() if all(step in r.evaluated() for r in pair)]
+        d = [100 * (runs[s][0].score(step, "heldout300").rate(outcome) - runs[s][1].score(step, "heldout300").rate(outcome))
+             for s in seeds]  # fmt: skip
+        lines.append(f"| {step} | {', '.join(map(str, seeds))} | {', '.join(f'{x:+.1f}' for x in d)} | "
+                     f"{statistics.mean(d):+.1f} | {statistics.stdev(d):.1f} | {sum(x < 0 for x in d)} of {len(d)} | "
+                     f"{sign_flip_test(d).p_text()} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def reproduction_table(new: Path, old: Path, eval_steps: tuple[int, ...] = (0, 5, 10)) -> str:
+    """Run by run, how far launch `new` repeats launch `old` (the same seeds and code paths): the leading
+    training steps whose sampled outcomes, trained tasks and loss are the same, and the evaluation samples
+    whose completions are the same text at `eval_steps`."""
+    from rundir.files import read_jsonl
+
+    head = " | ".join(f"same completions, step {s}" for s in eval_steps)
+    lines = [f"| run | identical leading training steps | {head} |", "|---" * (2 + len(eval_steps)) + "|"]
+    keys = ("outcomes_sampled", "task_ids_trained", "loss")
+    for arm in ARMS:
+        for seed in SEEDS:
+            a, b = (w / f"smollm2-{arm}-s{seed}" for w in (new, old))
+            same = 0
+            for x, y in zip(_steps(a), _steps(b)):
+                if any(x[k] != y[k] for k in keys):
+                    break
+                same += 1
+            cells = []
+            for step in eval_steps:
+                ra, rb = (read_jsonl(r / f"results/eval_step{step:03d}.jsonl") for r in (a, b))
+                cells.append(
+                    f"{sum(x['completion'] == y['completion'] for x, y in zip(ra, rb))} of {len(ra)}"
+                )
+            lines.append(f"| {a.name} | {same} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -614,15 +669,30 @@ def timing_table(run: Path) -> str:
 
 def report(where: Path = DOCS) -> str:
     """The README's tables, recomputed from the committed rows."""
-    launch, seeds = where / LAUNCH, tested_seeds(where / LAUNCH)
+    launch, launch6 = where / LAUNCH, where / LAUNCH6
+    seeds6 = ", ".join(map(str, tested_seeds(launch6)))
     return (
         primary_block(launch)
-        + f"\n### Per arm, mean over seeds {', '.join(map(str, seeds))}, every evaluation (launch 6)\n\n"
-        + arm_trajectory(launch, seeds)
-        + "\n### Launch 6: how far each run got\n\n"
+        + "\n### Exploratory: S2 − S0 in the heldout300 format-rejected share, per seed (launch 7)\n\n"
+        + heldout_outcome_table(launch, (10, 20, 30))
+        + f"\n### Per arm, mean over seeds {', '.join(map(str, tested_seeds(launch)))}, every evaluation (launch 7)\n\n"
+        + arm_trajectory(launch, tested_seeds(launch))
+        + "\n### Launch 7: how far each run got\n\n"
         + launch_status(launch)
-        + "\n### Launch 6, step 2: the sampled training rollouts per seed (after one update)\n\n"
+        + "\n### Launch 7 against launch 6, run by run (the same seeds and code paths)\n\n"
+        + reproduction_table(launch, launch6)
+        + "\n### Launch 6 (amendment 2), as it was reported\n\n"
+        + primary_block(launch6).replace("### ", "#### ")
+        + f"\n#### Launch 6 per arm, mean over seeds {seeds6}, every evaluation\n\n"
+        + arm_trajectory(launch6, tested_seeds(launch6))
+        + "\n#### Launch 6: how far each run got\n\n"
+        + launch_status(launch6)
+        + "\n#### Launch 6: S2 − S0 in the heldout300 format-rejected share, per seed\n\n"
+        + heldout_outcome_table(launch6, (10, 20))
+        + "\n### Launch 7, step 2: the sampled training rollouts per seed (after one update)\n\n"
         + seed_table(launch)
+        + "\n### Launch 6, step 2 (the same seeds)\n\n"
+        + seed_table(launch6)
         + "\n### Launch 4 against launch 2 at step 2 (the same seeds: a reproduction, not a replication)\n\n"
         + seed_table(where / LAUNCH4)
         + "\n### One run alone on the H200 (launch 5: S2, seed 0, the trainer's own micro-batch)\n\n"

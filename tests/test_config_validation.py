@@ -73,3 +73,11 @@ def test_an_unknown_grader_from_a_recipe_is_refused_by_name():
     """The command line checks `choices`; a YAML recipe reaches the dataclass directly."""
     with pytest.raises(ConfigError, match=r"grader: must be one of \['v1', 'v2'\], got 'v3'"):
         CapGRPOConfig(output_dir="/tmp/unused", grader="v3", report_to="none", use_cpu=True)
+
+
+def test_an_unknown_nonfinite_gradient_policy_is_refused_by_name():
+    with pytest.raises(ConfigError, match=r"nonfinite_gradient: must be 'stop' or 'skip', got 'ignore'"):
+        CapGRPOConfig(output_dir="/tmp/unused", nonfinite_gradient="ignore", report_to="none", use_cpu=True)
+    assert (
+        CapGRPOConfig(output_dir="/tmp/unused", report_to="none", use_cpu=True).nonfinite_gradient == "stop"
+    )

@@ -4,6 +4,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from analysis.compare import main as compare_main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,14 +44,17 @@ def test_every_run_started_after_the_plan_was_committed():
     )
     amendment = "2026-12-02T00:03:27Z"  # amendment 1 (9e99860), before launches 4 and 5
     amendment2 = "2026-12-02T02:58:34Z"  # amendment 2 (f172719), before launch 6
+    amendment3 = "2026-12-02T05:31:27Z"  # amendment 3 (0bca07a), before launch 7
     runs = sorted(DOCS.glob("*/smollm2-S*-s*/run.json"))
-    assert len(runs) == 12 + 12 + 2 + 12 + 1 + 12
+    assert len(runs) == 12 + 12 + 2 + 12 + 1 + 12 + 12
     for path in runs:
         info = json.loads(path.read_text())
-        after = {"launch4": amendment, "solo": amendment, "launch6": amendment2}.get(
+        after = {"launch4": amendment, "solo": amendment, "launch6": amendment2, "launch7": amendment3}.get(
             path.parts[-3], plan_committed
         )
         assert info["started"] > after and info["code"]["commit"], path
+        if path.parts[-3] == "launch7":  # run from the amendment's commit, and resumed from it
+            assert info["code"]["commit"].startswith("0bca07a") and len(info["resumes"]) == 2, path
 
 
 def test_launch4_evaluated_no_step_after_0_in_every_run():
@@ -90,10 +95,30 @@ def test_launch6_leaves_the_failed_runs_seed_out_and_compares_at_step_20():
     assert "### Sensitivity, every seed (not the primary): S2 − S0, heldout300, step 10" in block
 
 
-def test_the_launch6_primary_report_recomputes(tmp_path):
-    launch = DOCS / "launch6"
-    a, b = (",".join(str(launch / f"smollm2-{arm}-s{s}") for s in (0, 2, 3, 4, 5)) for arm in ("S2", "S0"))
-    assert compare_main([a, b, "--a-step", "20", "--b-step", "20", "--out", str(tmp_path)]) == 0
+def test_launch7_tests_every_seed_at_step_30_and_its_skipped_updates_are_not_failures():
+    """PLAN.md amendment 3 on launch 7's rows: every run reached step 30; S2-s5's steps 11 and 12 had a NaN
+    gradient norm with finite micro-batch losses and applied no update, so no run failed and all six seed
+    pairs enter the primary at the plan's step 30 (no deviation, no sensitivity reading)."""
+    bench, launch = _bench(), DOCS / "launch7"
+    assert not any(bench.failed(r) for r in launch.glob("smollm2-*") if r.is_dir())
+    assert bench.tested_seeds(launch) == bench.SEEDS and bench.common_step(launch) == 30
+    rows = [
+        json.loads(line) for line in (launch / "smollm2-S2-s5/results/steps.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows if r["update_skipped"]] == [11, 12]
+    assert all(r["nonfinite_losses"] == 0 for r in rows)
+    block = bench.primary_block(launch)
+    assert block.startswith("### Primary: S2 − S0, heldout300, step 30, seeds 0, 1, 2, 3, 4, 5\n")
+    assert "Sensitivity" not in block
+
+
+@pytest.mark.parametrize(
+    ("launch", "seeds", "step"), [("launch6", (0, 2, 3, 4, 5), 20), ("launch7", range(6), 30)]
+)
+def test_a_launch_primary_report_recomputes(tmp_path, launch, seeds, step):
+    launch = DOCS / launch
+    a, b = (",".join(str(launch / f"smollm2-{arm}-s{s}") for s in seeds) for arm in ("S2", "S0"))
+    assert compare_main([a, b, "--a-step", str(step), "--b-step", str(step), "--out", str(tmp_path)]) == 0
 
     def tables(text: str) -> list[str]:  # every table row but where the runs were (an absolute path)
         return [

@@ -6,8 +6,8 @@ to NaN, the optimizer writes NaN into every weight, and the run goes on from a m
 device assert). `nonfinite_gradient: stop` (the default) ends the run at that step with one line, the weights
 untouched and the last saved state what `--resume` continues from. `skip` drops the step's gradients, so the
 optimizer leaves every parameter and its state as they were (torch's optimizers and CPUAdamW pass over a
-parameter without a gradient), as torch's GradScaler does with an overflowed step; the step's row says
-`update_skipped: true` and the run goes on with the next step's rollouts."""
+parameter without a gradient), as torch's GradScaler does with an overflowed step; the learning-rate schedule
+still advances. The step's row says `update_skipped: true`, and the run goes on with the next rollouts."""
 
 import sys
 

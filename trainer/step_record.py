@@ -27,12 +27,10 @@ class StepRecord:
     tokens_trained: int | None = None
     task_ids_trained: list[str] = field(default_factory=list)
     sampler: dict | None = None  # the task sampler's state after the step's draws
-    nonfinite_losses: int = (
-        0  # micro-batches whose loss was NaN or inf (the Trainer's logged loss hides them)
-    )
-    update_skipped: bool = (
-        False  # a non-finite gradient, its update not applied (trainer/finite_gradients.py)
-    )
+    # micro-batches whose loss was NaN or inf (the Trainer's logged loss hides them)
+    nonfinite_losses: int = 0
+    # a non-finite gradient norm, the update not applied (trainer/finite_gradients.py, `skip`)
+    update_skipped: bool = False
 
     def update(self, **fields) -> None:
         """Set these fields (by name: a misspelt one raises rather than adding a column)."""

@@ -84,12 +84,17 @@ def converted(out: Path, source: Source) -> bool:
 
 def convert(gguf: Path, out: Path, source: Source) -> dict:
     """Dequantize `gguf` into a float32 safetensors checkpoint at `out` (written whole, then renamed)."""
-    import gguf as gguf_package
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     verify(gguf, source)
+    try:
+        import gguf as gguf_package  # transformers reads GGUF files through it
+    except ImportError as e:
+        raise BaseError(
+            f"{gguf}: reading it needs the gguf package ({e}); `make real-base` installs it"
+        ) from e
     if out.exists() and any(out.iterdir()):
         raise BaseError(
             f"{out}: exists and is not a conversion of {gguf.name} (remove it or pick another --out)"

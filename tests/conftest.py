@@ -52,18 +52,12 @@ def short_run(tiny_base, embedded_snapshot, tmp_path_factory) -> Path:
     return build(tiny_base, embedded_snapshot, tmp_path_factory.mktemp("short") / "S4")
 
 
-# torch's launchers (accelerate launch, torch.distributed.run) bind their default port 29500
-LAUNCHES_ON_THE_DEFAULT_PORT = {"test_distributed", "test_fsdp2"}
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
     """`make test` runs on two workers (pytest-xdist, `--dist loadgroup`): the slow tests first, so that the
     short ones fill both cores at the end; the tests that read the shared short run on one worker (it is
-    built once); the tests that launch on the default port one after the other."""
+    built once). Two-process launches take a free port each (tests/free_port.py)."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first, else as found
     for item in items:
         if "short_run" in item.fixturenames:
             item.add_marker(pytest.mark.xdist_group("short_run"))
-        elif item.module.__name__ in LAUNCHES_ON_THE_DEFAULT_PORT and item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group("port29500"))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 
 PROBE = Path(__file__).with_name("dist_probe.py")
 REPO = Path(__file__).resolve().parent.parent
@@ -17,6 +18,7 @@ def launch_two(tmp_path: Path) -> dict:
     # --multi_gpu is accelerate's torchrun launcher; without CUDA it runs CPU processes over gloo.
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
     cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    cmd += ["--main_process_port", str(free_port())]
     cmd += [str(PROBE), str(tmp_path / "run2"), str(result)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)

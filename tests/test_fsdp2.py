@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 from trl import ModelConfig
 
 from rundir.state import StateError, save_state
@@ -29,6 +30,8 @@ def test_fsdp2_state_and_eval(tmp_path):
         "torch.distributed.run",
         "--nproc_per_node",
         "2",
+        "--master_port",
+        str(free_port()),
         str(PROBE),
         str(tmp_path),
         str(result),

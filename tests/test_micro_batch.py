@@ -77,7 +77,8 @@ def test_the_choice_sets_trls_batch_arithmetic(tmp_path):
     rollouts = 8 * G
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, rollouts // 8)
     assert args.steps_per_generation == rollouts // 8 and args.generation_batch_size == rollouts
-    assert args.activation_checkpointing is args.gradient_checkpointing is False
+    assert args.gradient_checkpointing is False  # and activation_checkpointing, where it exists (5.2x)
+    assert getattr(args, "activation_checkpointing", False) is False
     with pytest.raises(ConfigError, match="per_device_train_batch_size=3"):
         args.set_micro_batch(micro_batch.MicroBatch(3, False, 64, "test"))
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from free_port import free_port
 from safetensors.torch import load_file
 
 from bench.resume_check import descendants
@@ -49,12 +50,6 @@ SMALL = {
     "grader_workers": 1,
     "disable_tqdm": "true",
 }  # the recipe's report_to (tensorboard) stays: its event files are run-dir writes too
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Nodes:

@@ -42,7 +42,9 @@ COMPACT_SHARE = 1 / 8
 # shares and a rollout round (96) does not (BENCH: bench/cpu_profile.py --shares).
 MIN_SHARE_ROWS = 64
 # what generate hands a text-only decoder's loop; anything else (a vision input, token types) goes to _sample
-HANDLED_KWARGS = frozenset({"attention_mask", "cache", "use_cache", "position_ids", "logits_to_keep"})
+# the decoding cache is `past_key_values` in transformers 5.17 (the GPU machine's), `cache` in 5.24
+CACHE_KEYS = ("cache", "past_key_values")
+HANDLED_KWARGS = frozenset({"attention_mask", *CACHE_KEYS, "use_cache", "position_ids", "logits_to_keep"})
 
 
 def compact_sample(
@@ -56,7 +58,8 @@ def compact_sample(
     **model_kwargs,
 ):
     """transformers' `_sample` (5.17-5.24) for plain sampling, ended rows dropped from the forward passes."""
-    cache = model_kwargs.get("cache")
+    cache_key = next((k for k in CACHE_KEYS if model_kwargs.get(k) is not None), CACHE_KEYS[0])
+    cache = model_kwargs.get(cache_key)
     given = {
         k
         for k, v in model_kwargs.items()
@@ -84,8 +87,9 @@ def compact_sample(
         )
     batch = input_ids.shape[0]
     decode = functools.partial(
-        _decode_share, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
-    )
+        _decode_share, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs,
+        cache_key,
+    )  # fmt: skip
     workers = max(1, min(_DECODERS.n, batch // MIN_SHARE_ROWS))
     if workers == 1:
         return decode(torch.arange(batch), torch.default_generator)[0]
@@ -111,18 +115,18 @@ _DECODERS = _Decoders()
 
 @torch.no_grad()  # grad mode is per thread: generate's no_grad does not reach a worker thread
 def _decode_share(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs,
-                  share, stream):  # fmt: skip
+                  cache_key, share, stream):  # fmt: skip
     """The sampling loop for the batch rows `share`, on one intra-op thread, with `stream` drawing for the
     whole batch at every step (what torch.multinomial draws over all rows), so each row gets the numbers it
     would get in one loop over the batch. Returns the share's sequences and the stream."""
     torch.set_num_threads(1)
     pad = generation_config._pad_token_tensor
     batch = input_ids.shape[0]
-    model_kwargs = {**_take_rows(model_kwargs, share), "cache": copy.deepcopy(model_kwargs["cache"])}
+    model_kwargs = {**_take_rows(model_kwargs, share), cache_key: copy.deepcopy(model_kwargs[cache_key])}
     input_ids = input_ids[share]
     unfinished = torch.ones(len(share), dtype=torch.long)
     rows = torch.arange(len(share))  # the share's rows the model's batch (and cache) hold, in order
-    logits = _prefill_once(model, input_ids, generation_config, model_kwargs)
+    logits = _prefill_once(model, input_ids, generation_config, model_kwargs, cache_key)
     while True:
         probs = torch.nn.functional.softmax(logits_processor(input_ids[rows], logits), dim=-1)
         # torch.multinomial(probs, 1) over the whole batch is argmax(probs / q), q ~ Exp(1) of the batch's shape
@@ -137,7 +141,7 @@ def _decode_share(model, input_ids, logits_processor, stopping_criteria, generat
         live = unfinished[rows].bool()
         if (~live).sum() >= max(1, COMPACT_SHARE * len(rows)):
             keep = live.nonzero().squeeze(1)
-            model_kwargs["cache"].reorder_cache(keep)
+            model_kwargs[cache_key].reorder_cache(keep)
             model_kwargs = _take_rows(model_kwargs, keep)
             rows = rows[keep]
         inputs = model.prepare_inputs_for_generation(input_ids[rows], next_sequence_length=1, **model_kwargs)
@@ -147,7 +151,7 @@ def _decode_share(model, input_ids, logits_processor, stopping_criteria, generat
         del outputs
 
 
-def _prefill_once(model, input_ids, generation_config, model_kwargs: dict) -> torch.Tensor:
+def _prefill_once(model, input_ids, generation_config, model_kwargs: dict, cache_key: str) -> torch.Tensor:
     """generate's prefill, each distinct prompt once (rollouts repeat every prompt G times), the cache then
     expanded to the whole batch; `model_kwargs` updated as generate does. Returns the last logits [B, V]."""
     mask = model_kwargs.get("attention_mask")
@@ -163,7 +167,7 @@ def _prefill_once(model, input_ids, generation_config, model_kwargs: dict) -> to
     once = model_kwargs if len(first) == len(inverse) else _take_rows(model_kwargs, first)
     outputs = model._prefill(input_ids[first], generation_config, once, is_first_iteration=True)
     if len(first) < len(inverse):
-        outputs["cache"].reorder_cache(inverse)
+        outputs[cache_key].reorder_cache(inverse)
     model_kwargs.update(model._update_model_kwargs_for_generation(outputs, dict(model_kwargs)))
     return outputs.logits[:, -1].to(copy=True, dtype=torch.float32)[inverse]
 

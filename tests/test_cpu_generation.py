@@ -108,8 +108,8 @@ def test_greedy_goes_to_transformers_loop(base):
 
 def test_generation_runs_on_one_thread_and_the_training_pass_is_the_same_on_two(base):
     """configs/embedded.yaml trains on two intra-op threads (cpu_threads: 2) and generates on one: the decode
-    loop pins one thread for the call, and a training micro-batch's logits and gradients are bitwise those of
-    one thread, so the rows do not depend on the thread count."""
+    loop pins one thread for the call, and a training micro-batch's logits and gradients at two threads are
+    reproducible and within float32 rounding of one thread's (bitwise the same on the CI VM)."""
     model, tokenizer = base
     seen = []
     hook = model.register_forward_pre_hook(
@@ -132,7 +132,7 @@ def test_generation_runs_on_one_thread_and_the_training_pass_is_the_same_on_two(
             10, len(tokenizer), (16, 260), generator=torch.Generator().manual_seed(0)
         )  # a micro-batch
         passes = []
-        for threads in (1, 2):
+        for threads in (1, 2, 2):
             torch.set_num_threads(threads)
             model.train()
             model.zero_grad()
@@ -146,4 +146,9 @@ def test_generation_runs_on_one_thread_and_the_training_pass_is_the_same_on_two(
         model.zero_grad(set_to_none=True)
         model.eval()
         torch.set_num_threads(1)
-    assert len(passes[0]) > 1 and all(torch.equal(a, b) for a, b in zip(*passes, strict=True))
+    one, two, again = passes
+    assert len(one) > 1 and all(torch.equal(a, b) for a, b in zip(two, again, strict=True))  # reproducible
+    # Bitwise equal to one thread's on the CI VM, not on the H200 host (its Xeon, torch 2.11), where a run's
+    # rows are those of its recorded cpu_threads.
+    for a, b in zip(one, two, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -20,7 +20,8 @@ def launch_two(tmp_path: Path) -> dict:
     cmd += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
     cmd += ["--main_process_port", str(free_port())]
     cmd += [str(PROBE), str(tmp_path / "run2"), str(result)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # CPU processes even where a GPU is visible: on a one-GPU host rank 1 would otherwise ask for cuda:1
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(result.read_text())
@@ -58,7 +59,12 @@ def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedde
     ]
     # two processes on CI's 2 cores: one intra-op thread each (the recipe's 2 are for a run alone)
     cmd += ["--report", str(report), "--", *train_args(tiny_base, embedded_snapshot, arm="S2", cpu_threads=1)]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }  # CPU, as above
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = json.loads(report.read_text())

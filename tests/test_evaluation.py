@@ -356,3 +356,15 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
     run["snapshot"]["sha256"] = "0" * 64
     (run_dir / "run.json").write_text(json.dumps(run))
     assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # snapshot verified
+
+
+def test_standalone_evaluation_defaults_to_the_runs_device(monkeypatch):
+    """`make eval` on a GPU machine: a use_cpu run's training-time rows are CPU rows, so its standalone
+    evaluation runs on the CPU too (on the H200 a CUDA default made them differ and `write_eval` refuse)."""
+    from trainer.evaluation import run_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert run_device({"config": {"use_cpu": True}}) == "cpu"
+    assert run_device({"config": {"use_cpu": False}}) == run_device({}) == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert run_device({"config": {"use_cpu": False}}) == "cpu"

@@ -36,7 +36,8 @@ def test_fsdp2_state_and_eval(tmp_path):
         str(tmp_path),
         str(result),
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    # CPU processes (gloo) even where a GPU is visible: on a one-GPU host rank 1 would ask for cuda:1
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     found = json.loads(result.read_text())

@@ -41,7 +41,7 @@ def lora_run(tmp_path_factory):
         yield train_one_step(tmp_path_factory.mktemp("lora"), monkeypatch)
 
 
-def train_one_step(tmp_path, monkeypatch):
+def lora_trainer(tmp_path, monkeypatch, **fields):
     tok, model = tiny_random_model()
     base = tmp_path / "base"
     model.save_pretrained(base)
@@ -79,11 +79,16 @@ def train_one_step(tmp_path, monkeypatch):
         report_to="none",
         disable_tqdm=True,
         seed=0,
+        **fields,
     )
     recipe = yaml.safe_load(RECIPE.read_text())
     lora = {k: v for k, v in recipe.items() if k.startswith("lora_") or k == "use_peft"}
     model_args = ModelConfig(model_name_or_path=str(base), dtype="float32", **lora)
-    trainer = train.build_trainer(args, model_args)
+    return train.build_trainer(args, model_args)
+
+
+def train_one_step(tmp_path, monkeypatch):
+    trainer = lora_trainer(tmp_path, monkeypatch)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     recorder = GradRecorder(trainer.model)
     trainer.add_callback(recorder)
@@ -138,3 +143,15 @@ def test_evaluation_loads_the_adapter_merged_into_its_base(lora_run):
     assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], stored(theirs[k])) for k in ours)
     assert any(not torch.equal(ours[k], untouched[k]) for k in ours)  # the adapter is in
     assert tokenizer.eos_token_id is not None
+
+
+def test_cpu_adamw_takes_an_adapter_whose_parameters_all_decay(tmp_path, monkeypatch):
+    """A single-GPU LoRA run gets CPUAdamW: its adapter has no undecayed parameters (no biases or norms), and
+    torch refused the empty group beside the named one (the whole LoRA file errored so on the H200)."""
+    from trainer.cpu_adamw import CPUAdamW
+
+    trainer = lora_trainer(tmp_path, monkeypatch, cpu_adamw=True)
+    optimizer = trainer.create_optimizer()
+    trainable = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert isinstance(optimizer, CPUAdamW) and len(optimizer.param_groups) == 1
+    assert set(optimizer.param_groups[0]["param_names"]) == trainable and all("lora_" in n for n in trainable)

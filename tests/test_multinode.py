@@ -69,7 +69,9 @@ def launch(outs: tuple[Path, Path], audit: Path, *extra: str, kill_after: int | 
     trees once state<kill_after>/ is complete (torch's launcher starts workers in sessions of their own)."""
     audit.mkdir(parents=True)
     port, procs = free_port(), []
+    # CPU "nodes" (gloo) even where a GPU is visible: these test the run directory, not the device
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env["CUDA_VISIBLE_DEVICES"] = ""
     for rank, out in enumerate(outs):
         cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2"]
         cmd += [

@@ -501,6 +501,11 @@ def _checkpoint_dir(run: Mapping, run_dir: Path, step: int) -> Path:
     return step_dir(run_dir, step)
 
 
+def run_device(run: dict) -> str:
+    """Where the run evaluated during training: a use_cpu run's rows are CPU rows, also on a GPU machine."""
+    return "cpu" if (run.get("config") or {}).get("use_cpu") or not torch.cuda.is_available() else "cuda"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluation", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", type=Path)
@@ -517,12 +522,15 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="auto: the run's own (run.json eval.generation); another one only at another --cap",
     )
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--device", help="default: the run's own (cpu for a use_cpu run, else cuda if present)"
+    )
     args = parser.parse_args(argv)
     run_file = args.run_dir / "run.json"
     stack = ExitStack()  # the grader pool, closed on every way out
     try:
         run = read_run_json(args.run_dir)
+        args.device = args.device or run_device(run)
         run_spec = EvalSpec.from_run(run, str(run_file))
         overrides = {
             "cap": args.cap,

@@ -383,11 +383,14 @@ class CapGRPOTrainer(GRPOTrainer):
         model = model or self.model
         decay = set(self.get_decay_parameter_names(model))
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [(n, p) for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
+            {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
+        ]
         self.optimizer = CPUAdamW(
             [
-                {"params": [(n, p) for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
-                {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
-            ],
+                g for g in groups if g["params"]
+            ],  # torch refuses an empty group beside named ones (LoRA: no biases)
             lr=self.args.learning_rate,
             betas=(self.args.adam_beta1, self.args.adam_beta2),
             eps=self.args.adam_epsilon,

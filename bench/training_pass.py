@@ -1,0 +1,212 @@
+"""Time (and profile) one GRPO step's training pass alone: forward + backward of every micro-batch, with TRL's
+fused LM head (log-probs and entropies, as GRPOTrainer calls it), on the step benchmark's random Qwen3.5.
+
+    python bench/training_pass.py --rows 256 --prompt 128 --completion 1024 --micro-batch 16 --profile
+    python bench/training_pass.py --hidden 64 --layers 4 --intermediate 128 --vocab 600 --rows 8 \\
+        --prompt 8 --completion 24 --micro-batch 4                                   # CPU smoke run
+
+The loss is GRPO's at beta 0 with one iteration (advantage x log-prob, masked mean), which is what the step's
+training phase computes; what surrounds it in a step (generation, grading, the optimizer) is not timed here.
+The floor printed beside the time counts the matmul FLOPs of a training pass (forward + backward: 3x the
+forward's 2 x params x tokens, the LM head over completion tokens only, its forward recomputed in the backward)
+at the H200's dense bf16 rate.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+import torch  # noqa: E402
+from trl.trainer.utils import add_fused_lm_head  # noqa: E402
+
+from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
+
+H200_BF16_FLOPS = 790e12  # dense, the device README's figure
+
+
+def floor_flops(model, rows: int, prompt: int, completion: int) -> float:
+    text = model.config.get_text_config()
+    head = text.vocab_size * text.hidden_size
+    body = sum(p.numel() for n, p in model.named_parameters() if "visual" not in n) - 2 * head
+    tokens = rows * (prompt + completion)
+    return 6 * body * tokens + 8 * head * rows * completion  # head: forward, recompute, two gradient products
+
+
+def batch(rows: int, prompt: int, completion: int, vocab: int, device) -> dict:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (rows, prompt + completion), generator=g)
+    mask = torch.ones_like(ids)
+    for r in range(rows):  # left-padded prompts of varying length, as the trainer hands them over
+        mask[r, : int(torch.randint(0, prompt // 4 + 1, (1,), generator=g))] = 0
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": mask.to(device),
+        "advantages": torch.randn(rows, generator=g).to(device),
+    }
+
+
+def micro_step(model, b: dict, lo: int, hi: int, completion: int) -> None:
+    ids, mask = b["input_ids"][lo:hi], b["attention_mask"][lo:hi]
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-completion] = -100
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.device.type == "cuda"):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    logps = out.log_probs[:, -completion:]
+    loss = -(logps * b["advantages"][lo:hi, None]).mean()
+    loss.backward()
+
+
+def training_pass(model, b: dict, micro: int, completion: int) -> float:
+    sync()
+    t0 = time.perf_counter()
+    for lo in range(0, b["input_ids"].shape[0], micro):
+        micro_step(model, b, lo, lo + micro, completion)
+    sync()
+    return time.perf_counter() - t0
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def profile(model, b: dict, micro: int, completion: int, top: int) -> dict:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    sync()
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=activities) as prof:
+        micro_step(model, b, 0, micro, completion)
+        sync()
+    wall = time.perf_counter() - t0
+    events = prof.key_averages()
+    device_key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    rows = sorted(events, key=lambda e: getattr(e, device_key), reverse=True)
+    table = [
+        {
+            "name": e.key[:120],
+            "calls": e.count,
+            "self_device_ms": getattr(e, device_key) / 1e3,
+            "cpu_total_ms": e.cpu_time_total / 1e3,
+        }
+        for e in rows[:top]
+    ]
+    busy = sum(getattr(e, device_key) for e in events) / 1e3
+    return {"wall_ms": wall * 1e3, "device_busy_ms": busy, "top": table}
+
+
+def gdn_module(model):
+    """The modeling module whose forward looks `torch_chunk_gated_delta_rule` up by name at each call."""
+    return sys.modules[type(model.model.language_model.layers[0].linear_attn).__module__]
+
+
+def time_gdn_function(model, micro: int, length: int, repeats: int = 3) -> float:
+    """Seconds of the chunked gated delta rule alone (forward + backward, every linear-attention layer of one
+    micro-batch), at the shapes the model's layers call it with: its share of a micro-batch's pass."""
+    text = model.config.get_text_config()
+    layers = sum(t == "linear_attention" for t in text.layer_types)
+    hk, hv, dk, dv = (
+        text.linear_num_key_heads,
+        text.linear_num_value_heads,
+        text.linear_key_head_dim,
+        text.linear_value_head_dim,
+    )
+    device, fn = model.device, gdn_module(model).torch_chunk_gated_delta_rule
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def leaf(*shape, scale=1.0):
+        x = torch.randn(*shape, device=device, generator=g, dtype=torch.bfloat16) * scale
+        return x.requires_grad_()
+
+    q, k = leaf(micro, length, hk, dk), leaf(micro, length, hk, dk)
+    v = leaf(micro, length, hv, dv)
+    decay = (-torch.rand(micro, length, hv, device=device, generator=g)).requires_grad_()
+    beta = torch.rand(micro, length, hv, device=device, generator=g, dtype=torch.bfloat16).requires_grad_()
+
+    def once():
+        out, _ = fn(q, k, v, g=decay, beta=beta, use_qk_l2norm_in_kernel=True)
+        out.float().square().mean().backward()
+
+    once()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        for _ in range(layers):
+            once()
+    sync()
+    return (time.perf_counter() - t0) / repeats
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--intermediate", type=int, default=6144)
+    ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--rows", type=int, default=256, help="rows of one step")
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--completion", type=int, default=1024)
+    ap.add_argument("--micro-batch", type=int, default=16)
+    ap.add_argument("--checkpointing", action="store_true")
+    ap.add_argument("--repeats", type=int, default=2, help="timed passes after one warm-up pass")
+    ap.add_argument("--profile", action="store_true", help="also profile one micro-batch")
+    ap.add_argument(
+        "--compile-gdn",
+        action="store_true",
+        help="transformers' chunked gated delta rule under torch.compile (one graph per sequence length)",
+    )
+    ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="writes training_pass.json")
+    a = ap.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    a.p_ended, a.cap = 0, a.completion  # what random_qwen35 reads besides the sizes: no extra stop tokens
+    model = random_qwen35(a, padded_tokenizer(a.vocab), device)
+    model.train()
+    if a.checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__ does
+    if a.compile_gdn:
+        module = gdn_module(model)
+        module.torch_chunk_gated_delta_rule = torch.compile(module.torch_chunk_gated_delta_rule)
+    b = batch(a.rows, a.prompt, a.completion, a.vocab, device)
+    t0 = time.perf_counter()
+    warm = training_pass(model, b, a.micro_batch, a.completion)
+    warm = time.perf_counter() - t0
+    times = [training_pass(model, b, a.micro_batch, a.completion) for _ in range(a.repeats)]
+    flops = floor_flops(model, a.rows, a.prompt, a.completion)
+    result = {
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "warm_up_s": warm,
+        "pass_s": times,
+        "floor_s": flops / H200_BF16_FLOPS,
+        "floor_tflop": flops / 1e12,
+        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+    }
+    micro_batches = -(-a.rows // a.micro_batch)
+    gdn = time_gdn_function(model, a.micro_batch, a.prompt + a.completion)
+    result["gated_delta_rule_s"] = gdn * micro_batches  # the pass's share in that one function
+    print(json.dumps({k: v for k, v in result.items() if k != "args"}), flush=True)
+    if a.profile:
+        result["profile"] = profile(model, b, a.micro_batch, a.completion, a.top)
+        p = result["profile"]
+        print(
+            f"profile of one micro-batch: wall {p['wall_ms']:.1f} ms, device busy {p['device_busy_ms']:.1f} ms"
+        )
+        for row in p["top"]:
+            print(f"{row['self_device_ms']:10.2f} ms {row['calls']:6d}x  {row['name']}")
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "training_pass.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -43,6 +43,7 @@ def main(argv=None) -> None:
         tokens = prompt + cap
         cache = micro_batch.kept_cache_bytes(shape, rollouts, tokens, dtype_bytes) if compiled else 0
         static = params * dtype_bytes * 2 + cache  # weights + grads; CPUAdamW keeps the state on the host
+        static += micro_batch.head_workspace_bytes(shape, dtype_bytes)
         budget = total * (1 - micro_batch.RESERVE) - static
         rows = []
         for ckpt in (False, True):

@@ -8,9 +8,9 @@ memory where a step of short ones fitted. A setting given in the recipe or on th
   share; without checkpointing when that micro-batch holds at least SATURATING_TOKENS tokens (or is as large
   as checkpointing would allow), else with it.
 - CPU: the largest micro-batch within CPU_TOKEN_BUDGET tokens, without checkpointing.
-The per-token estimate (`bytes_per_token`) counts each decoder layer's saved activations and the vocabulary
-rows of the log-softmax over every completion token; on the 1.8B benchmark model (docs/PERFORMANCE.md) it is
-9 % under the one measured peak, 10 % over it with SAFETY.
+The per-token estimate (`bytes_per_token`) counts what autograd keeps for the backward, per decoder layer and in
+TRL's fused LM head (which never holds the [tokens, vocabulary] logits); bench/activation_memory.py counts
+the same on a real forward, and tests/test_micro_batch.py checks the estimate covers that count.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ CPU_TOKEN_BUDGET = 16384  # tokens per micro-batch on a CPU: memory rarely binds
 SATURATING_TOKENS = 8192  # a micro-batch this long keeps an H200's matmuls busy: recomputing would cost more
 RESERVE = 0.1  # of device memory, left to the allocator's fragmentation, the CUDA context and generation
 SAFETY = 1.2  # on the per-token estimate
-VOCAB_BYTES = 16  # per completion token and vocabulary entry: logits, their tempered copy, grads, log-softmax
+# float32 values per token, value head and head dim kept by transformers' chunked gated delta rule (Qwen3.5's
+# linear attention): ~350 of a linear-attention layer's 452 KB per token at the 1.82B benchmark's 32 x 128
+# (bench/activation_memory.py, transformers 5.24); the layer's projections and MLP are the dense term.
+GATED_DELTA_FP32 = 22
+# TRL's fused LM head (trl/kernels/chunked_logprob.py): [4096 tokens, 32768 vocabulary] tiles in the model's
+# dtype, and the float32 weight gradient it accumulates in the backward, once per micro-batch
+HEAD_TILE = 4096 * 32768
 
 
 @dataclass(frozen=True)
@@ -45,17 +51,35 @@ class MicroBatch:
         return asdict(self)
 
 
+def layer_bytes(text_config, kind: str, dtype_bytes: int) -> int:
+    """Bytes one decoder layer keeps per token for its backward: ~16 hidden-size and 3 intermediate-size values
+    (norms, projections, residuals, the MLP's gate, up and product), plus a linear-attention layer's float32
+    intermediates of the chunked delta rule (GATED_DELTA_FP32 per value head and head dim)."""
+    hidden = text_config.hidden_size
+    intermediate = getattr(text_config, "intermediate_size", None) or 4 * hidden
+    dense = (16 * hidden + 3 * intermediate) * dtype_bytes
+    if kind != "linear_attention":
+        return dense
+    heads = text_config.linear_num_value_heads
+    dim = max(text_config.linear_key_head_dim, text_config.linear_value_head_dim)
+    return dense + GATED_DELTA_FP32 * heads * dim * 4
+
+
 def bytes_per_token(text_config, dtype_bytes: int, checkpointing: bool) -> tuple[float, float]:
     """(bytes every token of a row holds, bytes every completion token holds on top) during a training pass.
 
-    A decoder layer keeps ~16 hidden-size and 3 intermediate-size values per token for its backward (norms,
-    projections, residuals, the MLP's gate, up and product); with checkpointing only its input, while one
-    layer at a time is recomputed in full."""
+    With checkpointing a layer keeps only its input, while one layer at a time is recomputed in full. A
+    completion token holds its hidden state in TRL's fused head, and its float32 gradient there."""
     hidden, layers = text_config.hidden_size, text_config.num_hidden_layers
-    intermediate = getattr(text_config, "intermediate_size", None) or 4 * hidden
-    layer = (16 * hidden + 3 * intermediate) * dtype_bytes
-    per_token = (layers * hidden * dtype_bytes + layer) if checkpointing else layers * layer
-    return per_token * SAFETY, text_config.vocab_size * VOCAB_BYTES * SAFETY
+    kinds = getattr(text_config, "layer_types", None) or ["full_attention"] * layers
+    each = [layer_bytes(text_config, kind, dtype_bytes) for kind in kinds]
+    per_token = (layers * hidden * dtype_bytes + max(each)) if checkpointing else sum(each)
+    return per_token * SAFETY, hidden * (dtype_bytes + 4) * SAFETY
+
+
+def head_workspace_bytes(text_config, dtype_bytes: int) -> int:
+    """TRL's fused head, once per micro-batch: its projection tiles and its float32 weight gradient."""
+    return HEAD_TILE * dtype_bytes + text_config.vocab_size * text_config.hidden_size * 4
 
 
 def kept_cache_bytes(text_config, rows: int, length: int, dtype_bytes: int) -> int:
@@ -174,6 +198,7 @@ def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float
     if budget_bytes is None:
         cache = kept_caches_bytes(args, text, max_prompt_tokens, dtype_bytes)
         static = static_bytes(args, model, world, args.resolved_backends().cpu_adamw, cache)
+        static += head_workspace_bytes(text, dtype_bytes)
         budget_bytes = cuda_budget(args, model, static)
     rows, ckpt = choose(
         rollouts,

@@ -1,0 +1,120 @@
+"""What a training pass keeps for its backward, by layer type, against trainer/micro_batch.py's estimate.
+
+    python bench/activation_memory.py                      # the 1.82B benchmark's layers, 1 row x 1152 tokens
+    python bench/activation_memory.py --config-dir artifacts/smollm2 --prompt 128 --completion 512
+
+Counts the bytes of every tensor autograd saves during one forward (TRL's fused LM head included, as
+GRPOTrainer calls it), once per storage, split at each decoder layer and the head. The layers' sizes do not
+depend on their number, so the 1.82B model is built with one group of 3 linear + 1 full-attention layers and
+the real hidden, intermediate and vocabulary sizes; on a CPU, in bf16, so it runs here. What it cannot see:
+transient buffers of the backward (TRL's head accumulates its weight gradient in float32, [V, H]) and the CUDA
+attention kernel's own saves, which differ from the CPU's.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+
+import torch  # noqa: E402
+from trl.trainer.utils import add_fused_lm_head  # noqa: E402
+
+from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
+from trainer.micro_batch import SAFETY, bytes_per_token  # noqa: E402
+
+
+class SavedBytes:
+    """Bytes of the distinct storages autograd saves, attributed to whichever module is running."""
+
+    def __init__(self, model):
+        self.by_part, self.part = {}, "embedding"
+        self.seen = {
+            p.untyped_storage().data_ptr() for p in model.parameters()
+        }  # weights are not activations
+
+    def pack(self, t: torch.Tensor):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self.seen and t.device.type != "meta":
+            self.seen.add(storage.data_ptr())
+            self.by_part[self.part] = self.by_part.get(self.part, 0) + storage.nbytes()
+        return t
+
+
+def config_model(config_dir: Path):
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(config_dir)
+    torch.manual_seed(0)
+    return getattr(transformers, config.architectures[0])._from_config(config, dtype=torch.bfloat16)
+
+
+def measure(model, rows: int, prompt: int, completion: int) -> dict:
+    text = model.config.get_text_config()
+    counter = SavedBytes(model)
+    backbone = getattr(model.model, "language_model", model.model)  # Qwen3.5 nests its text model
+    layers = backbone.layers
+    types = getattr(text, "layer_types", None) or ["full_attention"] * len(layers)
+    for layer, kind in zip(layers, types, strict=True):
+        layer.register_forward_pre_hook(lambda m, a, kind=kind: setattr(counter, "part", kind))
+    backbone.norm.register_forward_hook(lambda m, a, o: setattr(counter, "part", "head"))
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids = torch.randint(0, text.vocab_size, (rows, prompt + completion))
+    labels = ids.clone()
+    labels[:, :prompt] = -100
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+        out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
+    del out
+    tokens = rows * (prompt + completion)
+    per_layer = {
+        kind: counter.by_part.get(kind, 0) / types.count(kind) / tokens for kind in sorted(set(types))
+    }
+    saved = (
+        sum(per_layer[k] * types.count(k) for k in per_layer) + counter.by_part.get("embedding", 0) / tokens
+    )
+    every, per_completion = bytes_per_token(
+        text, next(model.parameters()).element_size(), checkpointing=False
+    )
+    return {
+        "layers": {k: types.count(k) for k in sorted(set(types))},
+        "saved_bytes_per_token_per_layer": per_layer,
+        "saved_bytes_per_token_head": counter.by_part.get("head", 0) / (rows * completion),
+        "saved_bytes_per_token_layers": saved,
+        "estimate_bytes_per_token_layers": every / SAFETY,
+        "estimate_bytes_per_completion_token_head": per_completion / SAFETY,
+    }
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--config-dir", type=Path, help="a model of this config.json instead of the 1.82B's layers"
+    )
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--intermediate", type=int, default=6144)
+    ap.add_argument("--vocab", type=int, default=248320)
+    ap.add_argument("--rows", type=int, default=1)
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--completion", type=int, default=1024)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(2)
+    if a.config_dir:
+        model = config_model(a.config_dir)
+    else:
+        a.p_ended, a.cap, a.seed = 0, a.completion, 0
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)  # random_qwen35 builds fp32 off CUDA
+        try:
+            model = random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu")).to(torch.bfloat16)
+        finally:
+            torch.set_default_dtype(before)
+    result = measure(model, a.rows, a.prompt, a.completion)
+    print(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -387,10 +387,9 @@ class CapGRPOTrainer(GRPOTrainer):
             {"params": [(n, p) for n, p in named if n in decay], "weight_decay": self.args.weight_decay},
             {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
         ]
+        groups = [g for g in groups if g["params"]]  # torch refuses an empty group beside named ones (LoRA)
         self.optimizer = CPUAdamW(
-            [
-                g for g in groups if g["params"]
-            ],  # torch refuses an empty group beside named ones (LoRA: no biases)
+            groups,
             lr=self.args.learning_rate,
             betas=(self.args.adam_beta1, self.args.adam_beta2),
             eps=self.args.adam_epsilon,

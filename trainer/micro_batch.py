@@ -4,8 +4,8 @@ Decided once, at trainer init (`size_micro_batch`), for the longest rollout a st
 prompt of the training pool plus `max_completion_length`, so a step of capped rollouts cannot run out of
 memory where a step of short ones fitted. A setting given in the recipe or on the command line wins.
 - CUDA: the largest micro-batch (a divisor of the process's rollouts) whose estimated activation memory fits
-  the device's memory less the weights, grads, GPU optimizer state, the kept generation cache and vLLM's
-  share; without checkpointing when that micro-batch holds at least SATURATING_TOKENS tokens (or is as large
+  the device's memory less the weights, grads, GPU optimizer state, TRL's fused-head workspace, the kept
+  generation cache and vLLM's share; without checkpointing when that micro-batch holds at least SATURATING_TOKENS tokens (or is as large
   as checkpointing would allow), else with it.
 - CPU: the largest micro-batch within CPU_TOKEN_BUDGET tokens, without checkpointing.
 The per-token estimate (`bytes_per_token`) counts what autograd keeps for the backward, per decoder layer and in

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 import torch  # noqa: E402
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
+from bench.generation import config_model  # noqa: E402
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
 from trainer.micro_batch import SAFETY, bytes_per_token  # noqa: E402
 
@@ -40,14 +41,6 @@ class SavedBytes:
             self.seen.add(storage.data_ptr())
             self.by_part[self.part] = self.by_part.get(self.part, 0) + storage.nbytes()
         return t
-
-
-def config_model(config_dir: Path):
-    import transformers
-
-    config = transformers.AutoConfig.from_pretrained(config_dir)
-    torch.manual_seed(0)
-    return getattr(transformers, config.architectures[0])._from_config(config, dtype=torch.bfloat16)
 
 
 def measure(model, rows: int, prompt: int, completion: int) -> dict:
@@ -102,7 +95,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
     if a.config_dir:
-        model = config_model(a.config_dir)
+        model = config_model(a.config_dir, 0, torch.device("cpu"))[0].to(torch.bfloat16)
     else:
         a.p_ended, a.cap, a.seed = 0, a.completion, 0
         before = torch.get_default_dtype()

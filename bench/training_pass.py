@@ -110,8 +110,7 @@ def time_gdn_function(model, micro: int, length: int, repeats: int = 3) -> float
     micro-batch), at the shapes the model's layers call it with: its share of a micro-batch's pass."""
     text = model.config.get_text_config()
     layers = sum(t == "linear_attention" for t in text.layer_types)
-    hk, hv, dk, dv = (
-        text.linear_num_key_heads,
+    hv, dk, dv = (
         text.linear_num_value_heads,
         text.linear_key_head_dim,
         text.linear_value_head_dim,
@@ -123,7 +122,9 @@ def time_gdn_function(model, micro: int, length: int, repeats: int = 3) -> float
         x = torch.randn(*shape, device=device, generator=g, dtype=torch.bfloat16) * scale
         return x.requires_grad_()
 
-    q, k = leaf(micro, length, hk, dk), leaf(micro, length, hk, dk)
+    # key heads repeated to the value heads, as transformers 5.17's layer passes them (5.24 repeats inside the
+    # function; these shapes suit both)
+    q, k = leaf(micro, length, hv, dk), leaf(micro, length, hv, dk)
     v = leaf(micro, length, hv, dv)
     decay = (-torch.rand(micro, length, hv, device=device, generator=g)).requires_grad_()
     beta = torch.rand(micro, length, hv, device=device, generator=g, dtype=torch.bfloat16).requires_grad_()

@@ -1,0 +1,26 @@
+"""bench/training_pass.py on a CPU: the benchmark's own logic, which a GPU call should not be the first to run.
+Its gated-delta timing calls transformers' chunk function with the key heads repeated to the value heads (the
+benchmark's model has twice as many value heads): transformers 5.17's function needs them so (the H200's
+version, where the first call with the key heads alone failed), 5.24's accepts both."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+SPEC = importlib.util.spec_from_file_location(
+    "training_pass", Path(__file__).parent.parent / "bench" / "training_pass.py"
+)
+training_pass = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(training_pass)
+
+
+def test_the_smoke_run_times_the_pass_and_the_gated_delta_rule(tmp_path):
+    args = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --rows 8 --prompt 8 --completion 24"
+    result = training_pass.main(
+        [*args.split(), "--micro-batch", "4", "--repeats", "1", "--out", str(tmp_path)]
+    )
+    text = json.loads((tmp_path / "training_pass.json").read_text())
+    assert text["gated_delta_rule_s"] == result["gated_delta_rule_s"] > 0
+    assert len(text["pass_s"]) == 1 and text["pass_s"][0] > 0
+    # the floor is the formula's: 6 x body params x tokens + 8 x head x completion tokens, at 790 TFLOP/s
+    assert text["floor_s"] == text["floor_tflop"] * 1e12 / training_pass.H200_BF16_FLOPS > 0

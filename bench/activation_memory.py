@@ -12,6 +12,7 @@ attention kernel's own saves, which differ from the CPU's.
 """
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from bench.generation import config_model  # noqa: E402
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
+from trainer.chunked_gated_delta import chunked_gated_delta  # noqa: E402
 from trainer.micro_batch import SAFETY, bytes_per_token  # noqa: E402
 
 
@@ -43,7 +45,9 @@ class SavedBytes:
         return t
 
 
-def measure(model, rows: int, prompt: int, completion: int) -> dict:
+def measure(model, rows: int, prompt: int, completion: int, ours: bool = True) -> dict:
+    """`ours`: the linear attention's chunked rule as the trainer's pass runs it (trainer/chunked_gated_delta.py);
+    False: transformers' torch fallback, what plain TRL runs."""
     text = model.config.get_text_config()
     counter = SavedBytes(model)
     backbone = getattr(model.model, "language_model", model.model)  # Qwen3.5 nests its text model
@@ -57,7 +61,8 @@ def measure(model, rows: int, prompt: int, completion: int) -> dict:
     labels = ids.clone()
     labels[:, :prompt] = -100
     model.train()
-    with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+    rule = chunked_gated_delta(model) if ours else contextlib.nullcontext()
+    with rule, torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
     del out
     tokens = rows * (prompt + completion)
@@ -92,6 +97,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--rows", type=int, default=1)
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--completion", type=int, default=1024)
+    ap.add_argument(
+        "--transformers-rule", action="store_true", help="transformers' gated delta rule, not ours"
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
     if a.config_dir:
@@ -104,7 +112,7 @@ def main(argv=None) -> dict:
             model = random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu")).to(torch.bfloat16)
         finally:
             torch.set_default_dtype(before)
-    result = measure(model, a.rows, a.prompt, a.completion)
+    result = measure(model, a.rows, a.prompt, a.completion, ours=not a.transformers_rule)
     print(json.dumps(result, indent=1))
     return result
 

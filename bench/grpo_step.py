@@ -87,6 +87,11 @@ COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "
 COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm")  # what --compare-with checks
 
 
+def chunked_gated_delta(args) -> bool:
+    """Whether the run's training pass ran our chunked gated delta rule (plain TRL's config has no such field)."""
+    return hasattr(args, "resolved_backends") and args.resolved_backends().chunked_gated_delta
+
+
 # --- the coin grader ------------------------------------------------------------------------------
 class CoinGrader:
     """GraderPool's `grade_batch` API with a seeded coin instead of math-verify.
@@ -510,6 +515,7 @@ def run_arm(
             "grad_ckpt": args.gradient_checkpointing,
             "micro_batch_basis": getattr(args.resolved_micro_batch(), "basis", "given"),
             "generation": "compiled" if getattr(trainer, "generation_shapes", None) else "trl",
+            "gated_delta_rule": "ours" if chunked_gated_delta(args) else "transformers",
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
         "sharded": is_sharded(trainer.model),

@@ -13,9 +13,11 @@ at the H200's dense bf16 rate.
 """
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
@@ -24,6 +26,7 @@ import torch  # noqa: E402
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
+from trainer.chunked_gated_delta import NAME, chunked_gated_delta_rule  # noqa: E402
 
 H200_BF16_FLOPS = 790e12  # dense, the device README's figure
 
@@ -100,8 +103,21 @@ def profile(model, b: dict, micro: int, completion: int, top: int) -> dict:
     return {"wall_ms": wall * 1e3, "device_busy_ms": busy, "top": table}
 
 
+@contextlib.contextmanager
+def rule_in_place(model, rule: str) -> Iterator[None]:
+    """The chosen chunked rule under the name the layers look up at each call, transformers' again after."""
+    module = gdn_module(model)
+    reference = getattr(module, NAME)
+    if rule != "transformers":
+        setattr(module, NAME, chunked_gated_delta_rule if rule == "ours" else torch.compile(reference))
+    try:
+        yield
+    finally:
+        setattr(module, NAME, reference)
+
+
 def gdn_module(model):
-    """The modeling module whose forward looks `torch_chunk_gated_delta_rule` up by name at each call."""
+    """The modeling module whose forward looks the chunked rule (NAME) up by name at each call."""
     return sys.modules[type(model.model.language_model.layers[0].linear_attn).__module__]
 
 
@@ -115,7 +131,7 @@ def time_gdn_function(model, micro: int, length: int, repeats: int = 3) -> float
         text.linear_key_head_dim,
         text.linear_value_head_dim,
     )
-    device, fn = model.device, gdn_module(model).torch_chunk_gated_delta_rule
+    device, fn = model.device, getattr(gdn_module(model), NAME)
     g = torch.Generator(device=device).manual_seed(0)
 
     def leaf(*shape, scale=1.0):
@@ -157,9 +173,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--repeats", type=int, default=2, help="timed passes after one warm-up pass")
     ap.add_argument("--profile", action="store_true", help="also profile one micro-batch")
     ap.add_argument(
-        "--compile-gdn",
-        action="store_true",
-        help="transformers' chunked gated delta rule under torch.compile (one graph per sequence length)",
+        "--rule",
+        choices=("transformers", "ours", "compiled"),
+        default="ours",
+        help="the linear attention's chunked gated delta rule: transformers' torch fallback (plain TRL's), ours "
+        "(trainer/chunked_gated_delta.py, the trainer's on GPUs), or transformers' under torch.compile",
     )
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
@@ -172,35 +190,33 @@ def main(argv=None) -> dict:
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__ does
-    if a.compile_gdn:
-        module = gdn_module(model)
-        module.torch_chunk_gated_delta_rule = torch.compile(module.torch_chunk_gated_delta_rule)
-    b = batch(a.rows, a.prompt, a.completion, a.vocab, device)
-    warm = training_pass(model, b, a.micro_batch, a.completion)  # with --compile-gdn, the compile too
-    times = [training_pass(model, b, a.micro_batch, a.completion) for _ in range(a.repeats)]
-    flops = floor_flops(model, a.rows, a.prompt, a.completion)
-    result = {
-        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-        "warm_up_s": warm,
-        "pass_s": times,
-        "floor_s": flops / H200_BF16_FLOPS,
-        "floor_tflop": flops / 1e12,
-        "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
-    }
-    micro_batches = -(-a.rows // a.micro_batch)
-    gdn = time_gdn_function(model, a.micro_batch, a.prompt + a.completion)
-    result["gated_delta_rule_s"] = gdn * micro_batches  # the pass's share in that one function
-    print(json.dumps({k: v for k, v in result.items() if k != "args"}), flush=True)
-    if a.profile:
-        result["profile"] = profile(model, b, a.micro_batch, a.completion, a.top)
-        p = result["profile"]
-        print(
-            f"profile of one micro-batch: wall {p['wall_ms']:.1f} ms, device busy {p['device_busy_ms']:.1f} ms"
-        )
-        for row in p["top"]:
-            print(f"{row['self_device_ms']:10.2f} ms {row['calls']:6d}x  {row['name']}")
+    with rule_in_place(model, a.rule):
+        b = batch(a.rows, a.prompt, a.completion, a.vocab, device)
+        warm = training_pass(model, b, a.micro_batch, a.completion)  # with --rule compiled, the compile too
+        times = [training_pass(model, b, a.micro_batch, a.completion) for _ in range(a.repeats)]
+        flops = floor_flops(model, a.rows, a.prompt, a.completion)
+        result = {
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+            "torch": torch.__version__,
+            "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "warm_up_s": warm,
+            "pass_s": times,
+            "floor_s": flops / H200_BF16_FLOPS,
+            "floor_tflop": flops / 1e12,
+            "peak_gpu_gib": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+        }
+        micro_batches = -(-a.rows // a.micro_batch)
+        gdn = time_gdn_function(model, a.micro_batch, a.prompt + a.completion)
+        result["gated_delta_rule_s"] = gdn * micro_batches  # the pass's share in that one function
+        print(json.dumps({k: v for k, v in result.items() if k != "args"}), flush=True)
+        if a.profile:
+            result["profile"] = profile(model, b, a.micro_batch, a.completion, a.top)
+            p = result["profile"]
+            print(
+                f"profile of one micro-batch: wall {p['wall_ms']:.1f} ms, device busy {p['device_busy_ms']:.1f} ms"
+            )
+            for row in p["top"]:
+                print(f"{row['self_device_ms']:10.2f} ms {row['calls']:6d}x  {row['name']}")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "training_pass.json").write_text(json.dumps(result, indent=1))

@@ -16,11 +16,16 @@ training_pass = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(training_pass)
 
 
-def test_the_smoke_run_times_the_pass_and_the_gated_delta_rule(tmp_path):
+@pytest.mark.parametrize("rule", ["transformers", "ours"])
+def test_the_smoke_run_times_the_pass_and_the_gated_delta_rule(tmp_path, rule):
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    reference = modeling_qwen3_5.torch_chunk_gated_delta_rule
     args = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --rows 8 --prompt 8 --completion 24"
     result = training_pass.main(
-        [*args.split(), "--micro-batch", "4", "--repeats", "1", "--out", str(tmp_path)]
+        [*args.split(), "--micro-batch", "4", "--repeats", "1", "--rule", rule, "--out", str(tmp_path)]
     )
+    assert modeling_qwen3_5.torch_chunk_gated_delta_rule is reference  # put back for the rest of the process
     text = json.loads((tmp_path / "training_pass.json").read_text())
     assert text["gated_delta_rule_s"] == result["gated_delta_rule_s"] > 0
     assert len(text["pass_s"]) == 1 and text["pass_s"][0] > 0

@@ -85,16 +85,19 @@ def test_grader_limits_default_to_the_configs(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "cuda", "world", "want"),
     [
-        ({}, False, 1, (False, False, "eager")),  # CPU
-        ({}, True, 1, (True, True, "compiled")),  # one GPU
-        ({}, True, 2, (False, False, "eager")),  # several GPUs: FSDP2 shards plain AdamW
-        ({"use_cpu": True}, True, 1, (False, True, "eager")),  # a CPU recipe on a GPU machine
-        ({"compiled_generation": True, "cpu_adamw": False}, False, 1, (True, False, "compiled")),
+        ({}, False, 1, (False, False, "eager", False)),  # CPU
+        ({}, True, 1, (True, True, "compiled", True)),  # one GPU
+        ({}, True, 2, (False, False, "eager", True)),  # several GPUs: FSDP2 shards plain AdamW
+        ({"use_cpu": True}, True, 1, (False, True, "eager", False)),  # a CPU recipe on a GPU machine
+        ({"compiled_generation": True, "cpu_adamw": False}, False, 1, (True, False, "compiled", False)),
+        ({"chunked_gated_delta": True}, False, 1, (False, False, "eager", True)),
+        ({"chunked_gated_delta": False}, True, 1, (True, True, "compiled", False)),
     ],
 )
 def test_backends_are_decided_once_in_the_config(tmp_path, fields, cuda, world, want):
     args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", **fields)
     args._decide_backends(world=world, cuda=cuda)  # what __post_init__ decides on such a machine
     b = args.resolved_backends()
-    assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation) == want
-    assert b.to_json() == dict(zip(("compiled_rollouts", "cpu_adamw", "eval_generation"), want))
+    assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation, b.chunked_gated_delta) == want
+    names = ("compiled_rollouts", "cpu_adamw", "eval_generation", "chunked_gated_delta")
+    assert b.to_json() == dict(zip(names, want))

@@ -30,6 +30,9 @@ class Backends:
     compiled_rollouts: bool  # rollouts generate at fixed shapes, compiled on CUDA (trainer/generation.py)
     cpu_adamw: bool  # the optimizer is CPUAdamW (trainer/cpu_adamw.py)
     eval_generation: str  # what in-training evaluation generates with: one of generation.BACKENDS
+    chunked_gated_delta: (
+        bool  # the training pass runs our chunked gated delta rule (trainer/chunked_gated_delta.py)
+    )
 
     def to_json(self) -> dict:
         """run.json `launch.backends`."""
@@ -108,6 +111,13 @@ class CapGRPOConfig(GRPOConfig):
     )
     prompt_multiple: int = field(
         default=PROMPT_MULTIPLE, metadata={"help": "Compiled generation: prompt width bucket."}
+    )
+    chunked_gated_delta: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Qwen3.5's linear attention in the training pass: our chunked rule instead of transformers' "
+            "torch fallback (default: on CUDA; fla's kernels, when installed, come first either way)."
+        },
     )
     # --- checkpoints and resume (SPEC §6) ---------------------------------------------------------
     checkpoint_steps: list[int] = field(default_factory=list, metadata={"help": "Steps saving stepNNN/."})
@@ -312,7 +322,8 @@ class CapGRPOConfig(GRPOConfig):
     def _decide_backends(self, world: int, cuda: bool) -> None:
         """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
         process without vLLM (asked for on a CPU, the fixed shapes and static cache run eagerly: transformers
-        compiles generation on accelerators only), CPUAdamW for single-process GPU runs, and in-training
+        compiles generation on accelerators only), CPUAdamW for single-process GPU runs, our chunked gated delta
+        rule in GPU training passes, and in-training
         evaluation on the colocated vLLM engine with one process (under FSDP pushing weights is a collective,
         and only the main process evaluates)."""
         compiled = self.compiled_generation
@@ -321,7 +332,10 @@ class CapGRPOConfig(GRPOConfig):
         cpu_adamw = self.cpu_adamw if self.cpu_adamw is not None else cuda and world == 1
         vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
         evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"
-        self._backends = Backends(compiled, cpu_adamw, evaluation)
+        chunked = self.chunked_gated_delta
+        if chunked is None:  # CPU runs keep transformers' function, so their recorded rows recompute bitwise
+            chunked = cuda and not self.use_cpu
+        self._backends = Backends(compiled, cpu_adamw, evaluation, chunked)
 
     def resolved_backends(self) -> Backends:
         """Generation, optimizer and evaluation backends, as __post_init__ decided them."""

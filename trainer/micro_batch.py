@@ -30,10 +30,11 @@ CPU_TOKEN_BUDGET = 16384  # tokens per micro-batch on a CPU: memory rarely binds
 SATURATING_TOKENS = 8192  # a micro-batch this long keeps an H200's matmuls busy: recomputing would cost more
 RESERVE = 0.1  # of device memory, left to the allocator's fragmentation, the CUDA context and generation
 SAFETY = 1.2  # on the per-token estimate
-# float32 values per token, value head and head dim kept by transformers' chunked gated delta rule (Qwen3.5's
-# linear attention): ~350 of a linear-attention layer's 452 KB per token at the 1.82B benchmark's 32 x 128
-# (bench/activation_memory.py, transformers 5.24); the layer's projections and MLP are the dense term.
-GATED_DELTA_FP32 = 22
+# float32 values per token, value head and head dim kept by the chunked gated delta rule (Qwen3.5's linear
+# attention): ~375 of a linear-attention layer's 477 KB per token with ours, 350 of 452 with transformers', at
+# the 1.82B benchmark's 32 x 128 (bench/activation_memory.py [--transformers-rule], transformers 5.24); the
+# layer's projections and MLP are the dense term.
+GATED_DELTA_FP32 = 23
 # TRL's fused LM head (trl/kernels/chunked_logprob.py): [4096 tokens, 32768 vocabulary] tiles in the model's
 # dtype, and the float32 weight gradient it accumulates in the backward, once per micro-batch
 HEAD_TILE = 4096 * 32768

@@ -1,0 +1,128 @@
+"""The gated delta rule over a whole sequence, chunk by chunk: Qwen3.5's linear attention in the training pass.
+
+Per value head, with l2-normed keys, queries scaled by dk**-0.5, a state S [dk, dv] and per-token decay
+exp(g) and write strength beta, every token t does S <- exp(g_t) S + k_t (x) beta_t (v_t - exp(g_t) S^T k_t)
+and reads o_t = S^T q_t. In chunks of C tokens (the Gated DeltaNet paper's chunkwise form) a chunk's C updates
+collapse into matrix products: with G the within-chunk cumulative log-decay and D_ij = exp(G_i - G_j) (i >= j),
+    L = I + strictly_lower(diag(beta) K K^T * D),   U = L^-1 diag(beta) V,   W = L^-1 diag(beta) exp(G) K,
+    V' = U - W S,   O = exp(G) Q S + (Q K^T * D) V',   S <- exp(G_C) S + (exp(G_C - G) K)^T V'.
+Only the last line is sequential over chunks.
+
+Same arguments and results as transformers' torch fallback (`torch_chunk_gated_delta_rule`, what runs when
+flash-linear-attention is absent), in float32 like it. Why ours: that fallback slices its chunk dimension with
+`tensor[:, :, i]` and writes its output by slice assignment, and autograd answers each slice with a zero-filled
+gradient of the whole tensor, so the backward moves ~N^2 full tensors for N chunks (18 at 1152 tokens: about
+half of its 66.6 ms per layer, bench/gated_delta_rule.py). Here the chunk dimension leads and is unbound once
+(its backward is one stack), the output is stacked, and L is inverted once by one triangular solve against the
+identity (64 right-hand sides instead of 2 x 128) so U and W are plain products.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+NAME = (
+    "torch_chunk_gated_delta_rule"  # what transformers' Qwen3.5 layer calls, looked up by name at each call
+)
+
+
+def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:
+    """[B, T, H, ...] -> [T / size, B, H, size, ...] in float32, contiguous: the chunk dimension leads."""
+    b, t, h = x.shape[:3]
+    x = x.reshape(b, t // size, size, h, *x.shape[3:])
+    return x.permute(1, 0, 3, 2, *range(4, x.dim())).to(torch.float32, memory_format=torch.contiguous_format)
+
+
+def unit_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)  # fla's l2norm, which transformers follows
+
+
+def chunked_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k [B, T, Hk, dk], v [B, T, H, dv], g and beta [B, T, H] -> (out [B, T, H, dv] in q's dtype, the final
+    state [B, H, dk, dv] or None). Key heads serve H // Hk consecutive value heads."""
+    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+        raise ValueError(
+            "chunked_gated_delta_rule: packed sequences (cu_seqlens) need flash-linear-attention"
+        )
+    dtype, (b, t, hk, dk), (h, dv) = query.dtype, key.shape, value.shape[-2:]
+    if hk != h:
+        query, key = (x.repeat_interleave(h // hk, dim=2) for x in (query, key))
+    pad = -t % chunk_size  # zero keys, values and queries with beta 0 and no decay: they change nothing
+    if pad:
+        query, key, value = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (query, key, value))
+        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
+    q, k, v, g, beta = (to_chunks(x, chunk_size) for x in (query, key, value, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = unit_norm(q), unit_norm(k)
+    q = q * dk**-0.5
+
+    G = g.cumsum(-1)  # [N, B, H, C]
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    D = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    k_beta = k * beta[..., None]
+    eye = torch.eye(chunk_size, dtype=q.dtype, device=q.device)
+    L_inv = torch.linalg.solve_triangular(
+        k_beta @ k.transpose(-1, -2) * D, eye, upper=False, unitriangular=True
+    )
+    U = L_inv @ (v * beta[..., None])
+    W = L_inv @ (k_beta * G.exp()[..., None])
+    q_read = q * G.exp()[..., None]  # reads the state as it was when the chunk began
+    k_write = k * (G[..., -1:] - G).exp()[..., None]  # writes it as of the chunk's end
+    intra = q @ k.transpose(-1, -2) * D
+    carry = G[..., -1].exp()[..., None, None]
+
+    if initial_state is None:
+        state = q.new_zeros(b, h, dk, dv)
+    else:
+        state = initial_state.to(torch.float32)
+    outs = []
+    for u, w, qr, kw, a, c in zip(*(x.unbind(0) for x in (U, W, q_read, k_write, intra, carry))):
+        v_new = u - w @ state
+        outs.append(qr @ state + a @ v_new)
+        state = state * c + kw.transpose(-1, -2) @ v_new
+    out = torch.stack(outs, 1).transpose(2, 3).to(dtype, memory_format=torch.contiguous_format)
+    out = out.reshape(b, -1, h, dv)[:, :t]
+    return (out.contiguous() if pad else out), (state if output_final_state else None)
+
+
+def modeling_module(model):
+    """The transformers modeling module of the model's layers, seen through any wrapper (PEFT, accelerate)."""
+    for m in model.modules():
+        module = sys.modules.get(type(m).__module__)
+        if hasattr(module, NAME):
+            return module
+    return None
+
+
+@contextlib.contextmanager
+def chunked_gated_delta(model) -> Iterator[None]:
+    """Ours in place of transformers' torch fallback for a Qwen3.5 model's forward passes inside the block.
+    Other architectures, and runs with flash-linear-attention installed (its kernels come first), are untouched."""
+    module = modeling_module(model)
+    reference = getattr(module, NAME, None)
+    fla = importlib.util.find_spec("fla") is not None
+    if reference is None or fla or reference is chunked_gated_delta_rule:  # the last: a block inside a block
+        yield
+        return
+    setattr(module, NAME, chunked_gated_delta_rule)
+    try:
+        yield
+    finally:
+        setattr(module, NAME, reference)

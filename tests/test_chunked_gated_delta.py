@@ -22,6 +22,17 @@ def leaves(rows, length, key_heads, heads, dim, dtype, seed=0):
     return [x.requires_grad_() for x in (q, k, v, decay, beta, state)]
 
 
+def repeated_heads(fn):
+    """transformers 5.17's function takes the key heads already repeated to the value heads (5.24 repeats them
+    itself); ours repeats them, so the reference gets them repeated."""
+
+    def call(q, k, v, **kw):
+        r = v.shape[2] // k.shape[2]
+        return fn(q.repeat_interleave(r, dim=2), k.repeat_interleave(r, dim=2), v, **kw)
+
+    return call
+
+
 def forward_backward(fn, xs, chunk, l2norm, with_state, seed=1):
     for x in xs:
         x.grad = None
@@ -48,7 +59,7 @@ def forward_backward(fn, xs, chunk, l2norm, with_state, seed=1):
 def test_same_outputs_states_and_gradients_as_transformers(length, chunk, key_heads, l2norm, with_state):
     xs = leaves(2, length, key_heads, 4, 8, torch.float32)
     ours = forward_backward(chunked_gated_delta_rule, xs, chunk, l2norm, with_state)
-    theirs = forward_backward(REFERENCE, xs, chunk, l2norm, with_state)
+    theirs = forward_backward(repeated_heads(REFERENCE), xs, chunk, l2norm, with_state)
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ours[1], theirs[1], rtol=1e-4, atol=1e-5)
     for name, a, b in zip(("q", "k", "v", "g", "beta", "state"), ours[2], theirs[2]):
@@ -90,7 +101,7 @@ def test_chunks_compute_the_token_by_token_rule():
 def test_bf16_inputs_give_bf16_outputs_computed_in_float32():
     xs = leaves(1, 40, 2, 2, 8, torch.bfloat16)
     out, final, _ = forward_backward(chunked_gated_delta_rule, xs, 16, True, False)
-    ref, ref_final, _ = forward_backward(REFERENCE, xs, 16, True, False)
+    ref, ref_final, _ = forward_backward(repeated_heads(REFERENCE), xs, 16, True, False)
     assert out.dtype == torch.bfloat16 and final.dtype == torch.float32
     torch.testing.assert_close(out, ref, rtol=1e-2, atol=1e-2)
 

@@ -27,9 +27,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
-NAME = (
-    "torch_chunk_gated_delta_rule"  # what transformers' Qwen3.5 layer calls, looked up by name at each call
-)
+# what transformers' Qwen3.5 layer calls, looked up in its module by this name at each call
+NAME = "torch_chunk_gated_delta_rule"
 
 
 def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:

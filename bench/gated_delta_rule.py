@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 import torch  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 
+from bench.training_pass import profile_call, sync  # noqa: E402
 from trainer.chunked_gated_delta import chunked_gated_delta_rule  # noqa: E402
 from trainer.generation import tf32_matmuls  # noqa: E402
 
@@ -46,11 +47,6 @@ def run(fn, xs, grad_out) -> tuple[torch.Tensor, list[torch.Tensor]]:
     out, _ = fn(*xs[:3], g=xs[3], beta=xs[4], use_qk_l2norm_in_kernel=True)
     out.backward(grad_out)
     return out.detach(), [x.grad.detach() for x in xs]
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -110,20 +106,13 @@ def main(argv=None) -> dict:
         result["variants"][name] = row
         print(name, json.dumps(row), flush=True)
     for name in ("eager", "ours") if a.profile else ():
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        if device.type == "cuda":
-            activities.append(torch.profiler.ProfilerActivity.CUDA)
-        with torch.profiler.profile(activities=activities) as prof:
-            run(functions[name], xs, grad_out)
-            sync()
-        key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-        events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
-        result[f"profile_{name}"] = [
-            {"name": e.key[:120], "calls": e.count, "self_ms": getattr(e, key) / 1e3} for e in events[:30]
-        ]
-        print(f"profile of one {name} call:")
-        for e in result[f"profile_{name}"]:
-            print(f"{e['self_ms']:9.2f} ms {e['calls']:5d}x  {e['name']}")
+        p = profile_call(lambda f=functions[name]: run(f, xs, grad_out), top=30)
+        result[f"profile_{name}"] = p
+        print(
+            f"profile of one {name} call: wall {p['wall_ms']:.1f} ms, device busy {p['device_busy_ms']:.1f} ms"
+        )
+        for e in p["top"]:
+            print(f"{e['self_device_ms']:9.2f} ms {e['calls']:5d}x  {e['name']}")
     if a.out:
         a.out.mkdir(parents=True, exist_ok=True)
         (a.out / "gated_delta_rule.json").write_text(json.dumps(result, indent=1))

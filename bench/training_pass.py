@@ -78,13 +78,18 @@ def sync() -> None:
 
 
 def profile(model, b: dict, micro: int, completion: int, top: int) -> dict:
+    return profile_call(lambda: micro_step(model, b, 0, micro, completion), top)
+
+
+def profile_call(call, top: int) -> dict:
+    """One call under torch.profiler: wall time, device-busy time and the `top` ops by self device time."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     sync()
     t0 = time.perf_counter()
     with torch.profiler.profile(activities=activities) as prof:
-        micro_step(model, b, 0, micro, completion)
+        call()
         sync()
     wall = time.perf_counter() - t0
     events = prof.key_averages()

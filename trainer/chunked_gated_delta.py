@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 # what transformers' Qwen3.5 layer calls, looked up in its module by this name at each call
 NAME = "torch_chunk_gated_delta_rule"
+FLA = importlib.util.find_spec("fla") is not None  # fla's kernels, when installed, come first
 
 
 def to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -116,8 +117,7 @@ def chunked_gated_delta(model) -> Iterator[None]:
     Other architectures, and runs with flash-linear-attention installed (its kernels come first), are untouched."""
     module = modeling_module(model)
     reference = getattr(module, NAME, None)
-    fla = importlib.util.find_spec("fla") is not None
-    if reference is None or fla or reference is chunked_gated_delta_rule:  # the last: a block inside a block
+    if reference is None or FLA or reference is chunked_gated_delta_rule:  # the last: a block inside a block
         yield
         return
     setattr(module, NAME, chunked_gated_delta_rule)

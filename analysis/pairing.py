@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rundir.files import Run, RunFileError, Table
+from rundir import archive
+from rundir.files import Run, RunFileError, Table, steps_path
 
 # run.json config fields that may differ between the runs of one comparison (docs/compare.md):
 SEED_FIELDS = ("seed", "data_seed", "task_seed")  # the training seed and what defaults to it
@@ -57,7 +58,7 @@ def load_run(path: str | Path) -> Run:
             raise CompareError(f"{meta_path}: eval.samples has no entry for eval set {name}")
         if len(set(ids)) != len(ids):
             raise CompareError(f"{meta_path}: eval_sets.{name} lists a task id more than once")
-    if not (run.dir / "results" / "steps.jsonl").is_file():
+    if not archive.exists(steps_path(run.dir)):
         raise CompareError(f"run {run.dir}: no results/steps.jsonl")
     run.steps  # noqa: B018  (read now: a malformed steps.jsonl is refused before any statistics)
     if not run.evaluated():

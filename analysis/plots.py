@@ -6,6 +6,7 @@ drawn on 0-100%). Training-step series break where steps.jsonl has no row, rathe
 with a straight line.
 """
 
+import io
 import math
 import warnings
 from dataclasses import dataclass
@@ -81,9 +82,21 @@ def plot_all(out_dir: Path, trajectories: list[Trajectory], sets: list[str]) -> 
     for title, fig in figures(trajectories, sets).items():
         paths[title] = out_dir / PLOTS[title]
         fig.tight_layout()
-        fig.savefig(paths[title], dpi=110)
+        save_png(fig, paths[title])
         plt.close(fig)
     return paths
+
+
+def save_png(fig: plt.Figure, path: Path) -> None:
+    """A 64-colour palette PNG: line plots look the same and weigh a quarter (reports are committed)."""
+    from PIL import Image  # matplotlib's own dependency
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    image = Image.open(buf).convert("RGB")
+    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+        path, optimize=True
+    )
 
 
 def break_gaps(xs: list[int], ys) -> tuple[np.ndarray, np.ndarray]:

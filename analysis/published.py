@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data.eval_sets import HELDOUT
+from rundir import archive
 from rundir.files import eval_path
 
 
@@ -77,7 +78,9 @@ def missing_rows(report: Path) -> list[str]:
                 missing.append(f"{report}: run {path}: no single committed folder {pub.experiment}/**/{tail}")
                 continue
             needed = [run / "run.json", run / "results/steps.jsonl", *(eval_path(run, s) for s in evaluated)]
-            missing += [f"{report}: run {path}: {f} is not committed" for f in needed if not f.is_file()]
+            missing += [
+                f"{report}: run {path}: {f} is not committed" for f in needed if not archive.exists(f)
+            ]
     return missing
 
 

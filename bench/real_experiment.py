@@ -584,13 +584,14 @@ def arm_trajectory(where: Path, seeds: tuple[int, ...] = SEEDS) -> str:
 def launch_status(where: Path) -> str:
     """Per run of a launch: the steps it logged, the steps whose update it skipped (a non-finite gradient,
     amendment 3) and the steps it evaluated."""
+    from rundir import archive
     from rundir.files import Run
 
     lines = ["| run | steps logged | updates skipped at steps | evaluated at steps |", "|---|---|---|---|"]
     for arm in ARMS:
         for seed in SEEDS:
             run = where / f"smollm2-{arm}-s{seed}"
-            rows = _steps(run) if (run / "results/steps.jsonl").is_file() else []
+            rows = _steps(run) if archive.exists(run / "results/steps.jsonl") else []
             skipped = ", ".join(str(r["step"]) for r in rows if r.get("update_skipped")) or "none"
             evaluated = ", ".join(map(str, Run(run).evaluated()))
             lines.append(

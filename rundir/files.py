@@ -18,6 +18,7 @@ from pathlib import Path
 from data.atomic import write_atomic
 from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
+from rundir import archive
 
 STEP_DIR = re.compile(r"step(\d{3,})")
 STATE_DIR = re.compile(r"state(\d{3,})")
@@ -72,7 +73,7 @@ def read_jsonl(path: Path | str, *, torn_tail: str = "refuse") -> list[dict]:
 
 
 def _numbered_rows(path: Path, torn_tail: str = "refuse") -> list[tuple[int, dict]]:
-    text = path.read_text(errors="replace")
+    text = archive.read_bytes(path).decode(errors="replace")  # a published run's rows are in its archive
     lines, rows = text.splitlines(), []
     for i, line in enumerate(lines, 1):
         if not line.strip():
@@ -235,7 +236,7 @@ class Run:
         self.saved = self._numbered(STEP_DIR)
         self.states = self._numbered(STATE_DIR)
         self.eval_files: dict[tuple[int, int], Path] = {}
-        for path in sorted((self.dir / "results").glob("eval_step*.jsonl")):
+        for path in archive.listing(self.dir / "results", "eval_step*.jsonl"):
             if m := EVAL_FILE.fullmatch(path.name):
                 key = (int(m[1]), int(m[2]) if m[2] else self.eval_cap)
                 if key in self.eval_files:
@@ -284,7 +285,7 @@ class Run:
         """steps.jsonl's rows by step ([] before the first step); a row without a step or twice is refused."""
         path = steps_path(self.dir)
         rows: dict[int, dict] = {}
-        for i, row in enumerate(read_jsonl(path) if path.is_file() else [], 1):
+        for i, row in enumerate(read_jsonl(path) if archive.exists(path) else [], 1):
             if "step" not in row:
                 raise RunFileError(f"{path}:{i}: row has no 'step'")
             if row["step"] in rows:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from analysis.published import PublishedError, missing_rows, published_reports, read_report, recompute
+from rundir.archive import unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "docs/experiment-h200/result/comparisons/S2_vs_S0/report.md"
@@ -49,8 +50,9 @@ def test_every_published_report_recomputes_from_its_rows(report, tmp_path):
 def test_missing_rows_are_named_file_by_file(tmp_path):
     docs = tmp_path / "docs"
     exp = docs / "experiment-x"
-    shutil.copytree(ROOT / "docs/experiment-h200/result/runs/S2", exp / "runs/S2")
-    shutil.copytree(ROOT / "docs/experiment-h200/result/runs/S0", exp / "runs/S0")
+    plain = unpack(ROOT / "docs/experiment-h200/result", tmp_path / "plain")  # rows out of rows.tar.xz
+    shutil.copytree(plain / "runs/S2", exp / "runs/S2")
+    shutil.copytree(plain / "runs/S0", exp / "runs/S0")
     (exp / "cmp").mkdir()
     shutil.copy(H200, exp / "cmp/report.md")
     assert published_reports(docs) == [exp / "cmp/report.md"] and missing_rows(exp / "cmp/report.md") == []

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from analysis.compare import main as compare_main
+from rundir.archive import unpack
+from rundir.files import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs/experiment-real"
@@ -32,7 +34,7 @@ def test_the_base_report_recomputes_from_its_rows_and_the_rule_gives_the_committ
     report = json.loads((DOCS / "base/base_report.json").read_text())
     for cell in report["cells"]:
         name = f"base_rows_{cell['family']}_{cell['prompt']}_T{cell['temperature']}.jsonl"
-        rows = [json.loads(line) for line in (DOCS / "base" / name).read_text().splitlines()]
+        rows = read_jsonl(DOCS / "base" / name)  # from base/rows.tar.xz
         assert [bench.at_cap(rows, k["cap"]) for k in cell["caps"]] == cell["caps"]
     choice = json.loads((DOCS / "base/choice.json").read_text())
     assert bench.choose(report["cells"]) == {k: v for k, v in choice.items() if k != "snapshot_sha256"}
@@ -66,6 +68,7 @@ def test_the_primary_block_is_analysis_compare_seed_level_test(tmp_path):
     """The code that reports PLAN.md's primary once a launch gets there, on six seed pairs that did (the embedded
     seeds6 runs, renamed as a launch's): its table is compare's, the same numbers as the published report."""
     bench, seeds6 = _bench(), REPO / "docs/experiment-embedded/seeds6"
+    seeds6 = unpack(seeds6, tmp_path / "seeds6")  # rows out of rows.tar.xz
     for arm in bench.ARMS:
         for seed in bench.SEEDS:
             shutil.copytree(seeds6 / f"runs/{arm}-s{seed}", tmp_path / f"smollm2-{arm}-s{seed}")
@@ -102,9 +105,7 @@ def test_launch7_tests_every_seed_at_step_30_and_its_skipped_updates_are_not_fai
     bench, launch = _bench(), DOCS / "launch7"
     assert not any(bench.failed(r) for r in launch.glob("smollm2-*") if r.is_dir())
     assert bench.tested_seeds(launch) == bench.SEEDS and bench.common_step(launch) == 30
-    rows = [
-        json.loads(line) for line in (launch / "smollm2-S2-s5/results/steps.jsonl").read_text().splitlines()
-    ]
+    rows = read_jsonl(launch / "smollm2-S2-s5/results/steps.jsonl")
     assert [r["step"] for r in rows if r["update_skipped"]] == [11, 12]
     assert all(r["nonfinite_losses"] == 0 for r in rows)
     block = bench.primary_block(launch)

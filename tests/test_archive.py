@@ -1,0 +1,81 @@
+"""rundir/archive.py: published rows packed into rows.tar.xz and read by rundir's readers as if on disk."""
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from rundir import archive
+from rundir.files import Run, read_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+H200 = ROOT / "docs/experiment-h200/result"
+
+
+@pytest.fixture
+def plain(tmp_path) -> Path:
+    """The H200 experiment's folder with its rows as plain files (unpacked from the committed archive)."""
+    return archive.unpack(H200, tmp_path / "plain")
+
+
+def test_a_packed_run_reads_as_its_plain_files(plain, tmp_path):
+    packed = tmp_path / "packed"
+    shutil.copytree(plain, packed)
+    before = {p.relative_to(plain) for p in plain.rglob("*") if p.suffix in (".jsonl", ".log")}
+    assert before and (plain / "runs/S2/results/steps.jsonl").is_file()
+    archive.pack(packed)
+    assert not [p for p in packed.rglob("*") if p.suffix in (".jsonl", ".log")]  # the plain files are gone
+    a, b = Run(plain / "runs/S2"), Run(packed / "runs/S2")
+    assert b.steps == a.steps and list(b.eval_files) == list(a.eval_files)
+    assert b.scores == a.scores and b.table(40) == a.table(40)
+    assert read_jsonl(packed / "runs/S0/results/eval_step035.jsonl") == read_jsonl(
+        plain / "runs/S0/results/eval_step035.jsonl"
+    )
+    # byte for byte: what tar itself unpacks is what the runs wrote
+    with tarfile.open(packed / archive.ARCHIVE) as tar:
+        assert {Path(m.name) for m in tar.getmembers()} == before
+        member = tar.extractfile("runs/S0/results/steps.jsonl").read()
+    assert member == (plain / "runs/S0/results/steps.jsonl").read_bytes()
+
+
+def test_pack_is_deterministic_and_refuses_an_existing_archive(plain, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    shutil.copytree(plain / "runs/S0", one)
+    shutil.copytree(plain / "runs/S0", two)
+    assert archive.pack(one).read_bytes() == archive.pack(two).read_bytes()
+    (one / "results/extra.jsonl").write_text("{}\n")
+    with pytest.raises(archive.ArchiveError, match=r"one/rows\.tar\.xz: exists"):
+        archive.pack(one)
+    assert (one / "results/extra.jsonl").is_file()  # nothing removed
+
+
+def test_a_file_on_disk_and_in_the_archive_is_refused_by_name(plain, tmp_path):
+    packed = tmp_path / "packed"
+    shutil.copytree(plain / "runs/S2", packed)
+    archive.pack(packed)
+    twin = packed / "results/eval_step040.jsonl"
+    shutil.copy(plain / "runs/S2/results/eval_step040.jsonl", twin)
+    with pytest.raises(archive.ArchiveError, match=r"eval_step040\.jsonl: on disk and in .*rows\.tar\.xz"):
+        Run(packed)
+    with pytest.raises(archive.ArchiveError, match=r"eval_step040\.jsonl: on disk and in"):
+        read_jsonl(twin)
+
+
+def test_a_damaged_archive_is_one_line_naming_it(plain, tmp_path):
+    packed = tmp_path / "packed"
+    shutil.copytree(plain / "runs/S2", packed)
+    path = archive.pack(packed)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(archive.ArchiveError, match=r"rows\.tar\.xz: not a readable tar\.xz"):
+        _ = Run(packed).steps
+
+
+def test_unpack_gives_a_plain_copy_and_the_cli_says_one_line(plain, tmp_path, capsys):
+    assert json.loads((plain / "runs/S2/run.json").read_text())["arm"] == "S2"
+    assert (plain / "runs/S2/results/eval_step000.jsonl").is_file() and not (plain / archive.ARCHIVE).exists()
+    assert archive.main(["unpack", str(H200), str(plain)]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {plain}: exists; unpack into a new folder"
+    assert archive.main(["pack", str(tmp_path / "nothing-here")]) == 1
+    assert "no .jsonl or .log files to pack" in capsys.readouterr().err

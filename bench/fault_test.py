@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 from rundir.files import read_jsonl, state_dir, steps_path  # noqa: E402
 from rundir.lock import LOCK_FILE  # noqa: E402  (a killed run leaves it; the resume takes it over)
 from rundir.state import load_state  # noqa: E402
+from trainer.steps_log import MEASURED  # noqa: E402
 
 # The embedded S2 recipe at a size a shared 2-core CPU runs in a couple of minutes.
 SMALL = {
@@ -99,7 +100,7 @@ def launch(cmd: list[str], log: Path, watch: Path, kill_at: float | None = None,
 
 
 def untimed(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+    return [{k: v for k, v in r.items() if k not in MEASURED} for r in rows]
 
 
 def compare(ref: Path, out: Path) -> dict[str, bool]:

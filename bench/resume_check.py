@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rundir.files import read_jsonl  # noqa: E402
+from trainer.steps_log import MEASURED  # noqa: E402
 
 
 def descendants(pid: int) -> list[int]:
@@ -113,7 +114,7 @@ def main() -> None:
     print(f"launch: {launched}; stateNNN/ RNG entries: {rng_entries}")
     print(f"eval seeds identical in {len(names)} files: {seeds}; max |weight diff| in {last}: {max_diff:.3g}")
     if a.report:  # plus the bitwise view: every field of every row but the timings, every eval row
-        untimed = [[{k: v for k, v in r.items() if k != "seconds"} for r in rows] for rows in steps]
+        untimed = [[{k: v for k, v in r.items() if k not in MEASURED} for r in rows] for rows in steps]
         found = {"steps": report, "rows_identical": untimed[0] == untimed[1], "eval_files": len(names)}
         found |= {"eval_rows_identical": all(e == f for e, f in evals), "eval_seeds_equal": seeds}
         found |= {"max_weight_diff": max_diff, "launch": launched, "rng_entries": rng_entries}

@@ -33,7 +33,7 @@ from data.prompt import prompt_messages
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import cpu_generation, generation, lora_push, micro_batch
+from trainer import cpu_generation, generation, lora_push, micro_batch, sampler_agreement
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.chunked_gated_delta import chunked_gated_delta
 from trainer.config import CapGRPOConfig
@@ -208,6 +208,7 @@ class CapGRPOTrainer(GRPOTrainer):
             output = super()._generate_and_score_completions(step.inputs())
         finally:
             self._selected = None
+        self._record_sampler_agreement(output)
         output = self._apply_cap_policy(output, step)
         self._record_selection(selection, groups, trained, output)
         self._train_started = time.perf_counter()
@@ -273,6 +274,27 @@ class CapGRPOTrainer(GRPOTrainer):
         output["tool_mask"] = row_mask(step.active).contiguous()
         output["num_items_in_batch"] = gather((completion * counted).sum()).sum()
         return output
+
+    def _record_sampler_agreement(self, output: dict) -> None:
+        """The sampler's log-probs of the step's tokens against the trainer's, recomputed with the weights
+        just pushed (trainer/sampler_agreement.py): over every sampled token, masked rows included."""
+        if output.get("sampling_per_token_logps") is None or output.get("old_per_token_logps") is None:
+            return  # no vLLM, or TRL's importance-sampling correction off: nothing to compare
+        local = sampler_agreement.agreement(
+            output["old_per_token_logps"], output["sampling_per_token_logps"], output["completion_mask"]
+        )
+        parts = [r for r in gather_object([local]) if r is not None]
+        if parts:
+            tokens = sum(r["tokens"] for r in parts)
+            self.step_record.update(
+                sampler_agreement={
+                    "mean_abs_delta": sum(r["mean_abs_delta"] * r["tokens"] for r in parts) / tokens,
+                    "max_abs_delta": max(r["max_abs_delta"] for r in parts),
+                    "ratio_min": min(r["ratio_min"] for r in parts),
+                    "ratio_max": max(r["ratio_max"] for r in parts),
+                    "tokens": tokens,
+                }
+            )
 
     def record_train_seconds(self) -> None:
         """`seconds.train` of the step in progress: from its selected batch to now (StepsLog, at step end)."""

@@ -31,6 +31,11 @@ class StepRecord:
     nonfinite_losses: int = 0
     # a non-finite gradient norm, the update not applied (trainer/finite_gradients.py, `skip`)
     update_skipped: bool = False
+    # vLLM's log-probs of the sampled tokens against the trainer's after the step's push
+    # (trainer/sampler_agreement.py); None without sampler log-probs
+    sampler_agreement: dict | None = None
+    # GPU memory of the step (StepsLog): peak allocated, device used at the row, vLLM sleep mode; None on CPU
+    gpu_memory: dict | None = None
 
     def update(self, **fields) -> None:
         """Set these fields (by name: a misspelt one raises rather than adding a column)."""

@@ -3,10 +3,14 @@
 import json
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 from data.atomic import append_line
 from rundir.files import steps_path
+
+# Row fields that measure the machine, not the run: they differ between runs that are otherwise identical.
+MEASURED = ("seconds", "gpu_memory")
 
 
 class StepsLog(TrainerCallback):
@@ -26,8 +30,14 @@ class StepsLog(TrainerCallback):
         self.eval_callback = eval_callback
         self.checkpoint_callback = checkpoint_callback
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        if on_gpu(args):
+            torch.cuda.reset_peak_memory_stats()
+
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.record_train_seconds()  # before evaluation (the next callback) starts
+        if on_gpu(args):  # after the training pass and the update: a slept engine has given its memory back
+            self.trainer.step_record.update(gpu_memory=gpu_memory(args))
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not logs or "loss" not in logs:
@@ -56,3 +66,22 @@ class StepsLog(TrainerCallback):
         row["seconds"] = {k: round(v, 4) for k, v in row["seconds"].items()}
         if state.is_world_process_zero:
             append_line(self.path, json.dumps(row))
+
+
+def on_gpu(args) -> bool:
+    return torch.cuda.is_available() and not args.use_cpu
+
+
+def gpu_memory(args) -> dict:
+    """The step's GPU memory: torch's peak allocated and reserved since the step began (vLLM's engine
+    included where it allocates through torch), and what the whole device holds at the step's end, after the
+    training pass, which is where sleep mode shows: a slept colocated engine holds (almost) nothing then."""
+    free, total = torch.cuda.mem_get_info()
+    return {
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
+        "device_used_gib": round((total - free) / 2**30, 3),
+        "vllm_sleep_mode": bool(
+            args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode
+        ),
+    }

@@ -5,6 +5,12 @@
         --groups 2 --G 4 --cap 16 --steps 1                                       # CPU smoke run
     accelerate launch --config_file configs/accelerate/fsdp2.yaml --num_processes 2 bench/grpo_step.py \\
         ... --no-plain --out bench_2gpu --compare-with bench_1gpu/grpo_step.json
+    python bench/grpo_step.py --p-ended 0 --vllm --out bench_vllm    # + ours and plain TRL on vLLM colocate
+
+--vllm adds `ours-vllm` and `plain-vllm` (`--vllm-sleep`: `ours-vllm-sleep` too), each in a process of its own
+(an engine sets up torch.distributed and vLLM's globals once per process), at ours' micro-batch and
+checkpointing when ours ran first, so that all four train alike; without vLLM installed they are skipped
+with one line. vLLM comes to the GPU machine with tools/vllm_bundle.py (docs/gpu.md).
 
 Ours trains in the micro-batches our trainer sizes (trainer/micro_batch.py) unless --ours-batch / --ours-grad-ckpt
 say otherwise; plain TRL at --batch with checkpointing (its defaults), and with --plain-tuned once more at ours'
@@ -29,6 +35,7 @@ defaults K = 168: past ~22 stop ids transformers' EOS test waits for the GPU eve
 
 import argparse
 import contextlib
+import functools
 import gc
 import hashlib
 import importlib.util
@@ -38,6 +45,7 @@ import os
 import random
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -83,6 +91,14 @@ from trainer.grpo import CapGRPOTrainer  # noqa: E402
 from trainer.sharding import is_sharded  # noqa: E402
 from trainer.train import load_base_model  # noqa: E402
 
+VLLM_RUNS = ("ours-vllm", "ours-vllm-sleep", "ours-vllm-stale", "plain-vllm")
+# TRL's own sampler-agreement metrics (plain TRL + vLLM); ours records trainer/sampler_agreement.py's
+TRL_SAMPLING = {
+    "mean_abs_delta": "sampling/sampling_logp_difference/mean",
+    "max_abs_delta": "sampling/sampling_logp_difference/max",
+    "ratio_min": "sampling/importance_sampling_ratio/min",
+    "ratio_max": "sampling/importance_sampling_ratio/max",
+}
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
 COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm")  # what --compare-with checks
 
@@ -252,6 +268,13 @@ def bench_tasks(a, work: Path) -> list[dict]:
 
 
 # --- measurement ---------------------------------------------------------------------------------------
+def device_used_gib() -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info()
+    return round((total - free) / 2**30, 2)
+
+
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -371,6 +394,11 @@ class Probe(TrainerCallback):
                 "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
                 if torch.cuda.is_available()
                 else None,
+                # the whole device at the step's end (a colocated engine's memory included; a slept one's not)
+                "device_gib": device_used_gib(),
+                "sampler_agreement": getattr(
+                    getattr(self.trainer, "step_record", None), "sampler_agreement", None
+                ),
                 # the process's peak resident set so far (Linux reports KiB): CPUAdamW's state lives here
                 "peak_host_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
             }
@@ -380,6 +408,8 @@ class Probe(TrainerCallback):
         if logs and "loss" in logs and self.records and self.records[-1]["step"] == state.global_step:
             self.records[-1]["loss"] = logs["loss"]
             self.records[-1]["grad_norm"] = logs.get("grad_norm")
+            if self.records[-1]["sampler_agreement"] is None and TRL_SAMPLING["mean_abs_delta"] in logs:
+                self.records[-1]["sampler_agreement"] = {k: logs.get(v) for k, v in TRL_SAMPLING.items()}
 
     def evaluate(self, model, step: int) -> float:
         sync()
@@ -414,12 +444,23 @@ def training_settings(a, name: str, runs: dict, on_cuda: bool) -> tuple[int | No
         return a.batch, on_cuda and not a.no_grad_ckpt
     if name == "plain-tuned":
         return runs["ours"]["settings"]["micro_batch"], runs["ours"]["settings"]["grad_ckpt"]
+    if name in VLLM_RUNS and a.settings_of_ours:  # a vLLM run's process, told what ours ran with
+        rows, ckpt = a.settings_of_ours.split(",")
+        return int(rows), ckpt == "True"
+    if name == "plain-vllm":
+        return a.batch, on_cuda and not a.no_grad_ckpt
     return a.ours_batch, a.ours_grad_ckpt if on_cuda else False
 
 
-def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing) -> CapGRPOConfig:
-    """One config for both trainers: TRL reads its own fields and ignores ours (plain TRL gets both set)."""
+def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing, vllm=None) -> CapGRPOConfig:
+    """One config for both trainers: TRL reads its own fields and ignores ours (plain TRL gets both set).
+    `vllm`: None, "awake" or "sleep" (TRL's colocated engine, with or without sleep mode)."""
     return CapGRPOConfig(
+        use_vllm=vllm is not None,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=a.vllm_memory,
+        vllm_enable_sleep_mode=vllm == "sleep",
+        vllm_max_model_length=a.cap + 1024,  # prompts are short synthetic problems
         output_dir=str(out),
         arm=a.arm,
         groups_per_step=a.groups,
@@ -430,7 +471,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing)
         max_completion_length=a.cap,
         max_steps=a.steps,
         seed=a.seed,
-        learning_rate=1e-6,
+        learning_rate=a.lr,
         lr_scheduler_type="constant",
         beta=0.0,
         loss_type="dapo",
@@ -460,18 +501,45 @@ def cpu_adamw_for(model, args) -> CPUAdamW:
     )
 
 
+def engine_for(model, tokenizer, directory: Path) -> None:
+    """What TRL's colocated engine loads: `model.name_or_path` must be a directory with config.json (naming
+    the architecture) and the tokenizer. A random model is saved there first (its weights are pushed before
+    the first rollout anyway). Qwen3.5 needs two engine arguments TRL does not pass: without flashinfer
+    (not carried), vLLM's SM90 default GDN prefill fails at the first generate, so the triton one; and its
+    text model alone (no vision tower, no processor files)."""
+    if not Path(model.name_or_path or "").is_dir():
+        model.save_pretrained(directory)
+        tokenizer.save_pretrained(directory)
+        model.config._name_or_path = str(directory)
+    if model.config.model_type.startswith("qwen3_5"):
+        from trl.generation import vllm_generation
+
+        llm = getattr(vllm_generation.LLM, "func", vllm_generation.LLM)
+        vllm_generation.LLM = functools.partial(
+            llm, additional_config={"gdn_prefill_backend": "triton"}, language_model_only=True
+        )
+
+
 def run_arm(
     a, name: str, tasks: list[dict], work: Path, device: torch.device, rounds: int, runs: dict
 ) -> dict:
     model, tokenizer = load_model(a, device)
     on_cuda = device.type == "cuda"
     batch, checkpointing = training_settings(a, name, runs, on_cuda)
-    args = grpo_args(a, work / name, rounds=rounds, on_cuda=on_cuda, batch=batch, checkpointing=checkpointing)
+    vllm = ("sleep" if name.endswith("-sleep") else "awake") if name in VLLM_RUNS else None
+    args = grpo_args(
+        a, work / name, rounds=rounds, on_cuda=on_cuda, batch=batch, checkpointing=checkpointing, vllm=vllm
+    )
+    if args.use_vllm:  # (CapGRPOConfig turns it off, with a warning, where vLLM is not installed)
+        engine_for(model, tokenizer, work / name / "model")
+        if importlib.util.find_spec("flashinfer") is None:  # not carried: vLLM's sampler must not import it
+            os.environ.setdefault("VLLM_USE_FLASHINFER_SAMPLER", "0")
     eval_tasks = tasks[len(tasks) - a.eval_problems :] if a.eval_problems else []
     pool = tasks[: len(tasks) - a.eval_problems]
     coin = CoinGrader(
         a.p_correct, a.p_format, a.seed, a.G, lambda: trainer.state.global_step, grade_capped=a.p_ended == 0
     )
+    built = time.perf_counter()
     if name.startswith("plain"):
         order = TaskSampler([t["id"] for t in pool], seed=args.task_seed).take(a.groups * a.steps)
         by_id = {t["id"]: t for t in pool}
@@ -499,6 +567,15 @@ def run_arm(
             grader=coin,
             processing_class=tokenizer,
         )
+    init_seconds = time.perf_counter() - built  # a vLLM run starts its engine here
+    if name == "ours-vllm-stale" and args.use_vllm:  # the engine keeps the weights of its first push
+        push, pushed = trainer.vllm_generation.sync_weights, []
+
+        def first_push_only():
+            if not pushed:
+                pushed.append(push())
+
+        trainer.vllm_generation.sync_weights = first_push_only
     probe = Probe(trainer, coin, name, a, eval_tasks, work)
     trainer.add_callback(probe)
     with probe.generation_timer():
@@ -510,11 +587,16 @@ def run_arm(
         "optimizer": optimizer,
         "params": params,
         "max_sampling_rounds": rounds,
+        "init_seconds": round(init_seconds, 1),
         "settings": {
             "micro_batch": args.per_device_train_batch_size,
             "grad_ckpt": args.gradient_checkpointing,
             "micro_batch_basis": getattr(args.resolved_micro_batch(), "basis", "given"),
-            "generation": "compiled" if getattr(trainer, "generation_shapes", None) else "trl",
+            "generation": "compiled"
+            if getattr(trainer, "generation_shapes", None)
+            else f"vllm colocate{', sleep mode' if args.vllm_enable_sleep_mode else ''}"
+            if args.use_vllm
+            else "trl",
             "gated_delta_rule": "ours" if chunked_gated_delta(args) else "transformers",
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
@@ -532,7 +614,8 @@ def steady(steps: list[dict], key: str) -> float:
 
 def markdown(result: dict) -> str:
     head = "| run | step | " + " | ".join(f"{c} s" for c in COLUMNS) + " | tok/s | sampled/trained | "
-    head += "qualified | loss | peak GPU GiB | peak host GiB |\n|" + "---|" * (len(COLUMNS) + 8) + "\n"
+    head += "qualified | loss | peak GPU GiB | device GiB | peak host GiB |\n|" + "---|" * (len(COLUMNS) + 9)
+    head += "\n"
     lines = []
     for name, run in result["runs"].items():
         for r in run["steps"]:
@@ -547,14 +630,25 @@ def markdown(result: dict) -> str:
                 r["qualified"],
                 _fmt(r.get("loss")),
                 _fmt(r["peak_gpu_gib"]),
+                _fmt(r.get("device_gib")),
                 _fmt(r.get("peak_host_gib")),
             ]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     text = head + "\n".join(lines) + "\n\n"
     for name, run in result["runs"].items():
         text += f"{name}: {run['params']:,} parameters, {run['optimizer']}, {run['distributed_type']}, "
+        text += f"trainer built in {run.get('init_seconds', 0):.1f} s, "
         text += ", ".join(f"{k} {v}" for k, v in run["settings"].items())
         text += ", sharded\n" if run["sharded"] else "\n"
+    for name, run in result["runs"].items():
+        for r in run["steps"]:
+            if agree := r.get("sampler_agreement"):
+                text += f"{name} step {r['step']} vLLM vs trainer log-probs: " + ", ".join(
+                    f"{k} {_fmt(v)}" for k, v in agree.items()
+                )
+                text += "\n"
+    for name, why in result.get("skipped", {}).items():
+        text += f"{name}: skipped ({why})\n"
     for other in ("plain", "plain_tuned"):
         if ratio := result.get(f"ratio_ours_over_{other}"):
             text += f"\nours / {other} (steady-state mean): " + ", ".join(
@@ -665,6 +759,17 @@ def parse(argv=None):
         "--plain-first", action="store_true", help="run plain TRL first (it then pays the CUDA warm-up)"
     )
     ap.add_argument("--refill", action="store_true", help="also ours with gate refill (8 rounds)")
+    ap.add_argument("--vllm", action="store_true", help="also ours and plain TRL on vLLM colocate")
+    ap.add_argument("--vllm-sleep", action="store_true", help="also ours on vLLM colocate with sleep mode")
+    ap.add_argument(
+        "--vllm-stale",
+        action="store_true",
+        help="also ours on vLLM with only the first weight push (its sampler agreement must fail; use --lr 1e-4)",
+    )
+    ap.add_argument("--lr", type=float, default=1e-6, help="learning rate (constant)")
+    ap.add_argument("--vllm-memory", type=float, default=0.35, help="vllm_gpu_memory_utilization")
+    ap.add_argument("--only", choices=VLLM_RUNS, help=argparse.SUPPRESS)  # a vLLM run's own process
+    ap.add_argument("--settings-of-ours", help=argparse.SUPPRESS)  # "ROWS,CKPT" ours ran with
     ap.add_argument("--eval-problems", type=int, default=0, help="eval N problems after each step (0: off)")
     ap.add_argument("--checkpoint", action="store_true", help="time stepNNN/ (+ stateNNN/ for ours)")
     ap.add_argument("--out", type=Path, default=None, help="writes grpo_step.json and grpo_step.md")
@@ -678,7 +783,26 @@ def parse(argv=None):
     return a
 
 
+def in_own_process(argv: list[str], name: str, runs: dict, work: Path) -> dict:
+    """One vLLM run in a fresh process of this script (same arguments, this run only), its record back."""
+    out = work / f"{name}-result"
+    subprocess.run(child_command(argv, name, runs, out), check=True)
+    return json.loads((out / "grpo_step.json").read_text())["runs"][name]
+
+
+def child_command(argv: list[str], name: str, runs: dict, out: Path) -> list[str]:
+    """This script with `argv` less its outputs, for run `name` alone, told the settings ours ran with."""
+    drop = {"--out", "--compare-with"}
+    kept = [x for i, x in enumerate(argv) if x not in drop and (i == 0 or argv[i - 1] not in drop)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), *kept, "--only", name, "--out", str(out)]
+    if "ours" in runs:
+        settings = runs["ours"]["settings"]
+        cmd += ["--settings-of-ours", f"{settings['micro_batch']},{settings['grad_ckpt']}"]
+    return cmd
+
+
 def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = parse(argv)
     generation.KEEP_STATIC_CACHE = a.generation_cache == "kept"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -702,12 +826,25 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="grpo_step-") as tmp:
         work = Path(tmp)
         tasks = bench_tasks(a, work)
-        pair = [("ours", 1)] + [("plain", 1)] * a.plain
+        wanted = (a.vllm, a.vllm_sleep, a.vllm_stale, a.vllm)
+        engines = [n for n, on in zip(VLLM_RUNS, wanted, strict=True) if on]
+        pair = [("ours", 1)] + [(n, 1) for n in engines] + [("plain", 1)] * a.plain
         plan = (pair[::-1] if a.plain_first else pair) + [("plain-tuned", 1)] * a.plain_tuned
-        plan += [("ours-refill", 8)] * a.refill
+        plan = [(a.only, 1)] if a.only else plan + [("ours-refill", 8)] * a.refill
+        if engines and not a.only and importlib.util.find_spec("vllm") is None:
+            result["skipped"] = {n: "vLLM is not installed" for n in engines}
+            plan = [(n, r) for n, r in plan if n not in engines]
+            if rank0:
+                print(
+                    f"vLLM is not installed here: {', '.join(engines)} skipped (tools/vllm_bundle.py)",
+                    flush=True,
+                )
         for name, rounds in plan:
             t0 = time.perf_counter()
-            runs[name] = run_arm(a, name, tasks, work, device, rounds, runs)
+            if name in engines and not a.only:
+                runs[name] = in_own_process(argv, name, runs, work)
+            else:
+                runs[name] = run_arm(a, name, tasks, work, device, rounds, runs)
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()

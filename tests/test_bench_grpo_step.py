@@ -135,3 +135,46 @@ def test_benchmark_runs_plain_tuned_at_p_ended_zero_for_a_peer_arm(tmp_path):
         and "ratio_ours_over_plain_tuned" in out
     )
     assert ours["steps"][0]["trained"] == ours["steps"][0]["qualified"] > 0  # capped rollouts still train
+
+
+TINY = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --groups 2 --G 4 --cap 16 --steps 1"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the run without vLLM")
+def test_without_vllm_the_vllm_runs_are_skipped_with_one_line(tmp_path, capsys):
+    out = grpo_step.main([*TINY.split(), "--p-ended", "0", "--vllm", "--out", str(tmp_path)])
+    assert set(out["runs"]) == {"ours", "plain"}
+    assert out["skipped"] == {"ours-vllm": "vLLM is not installed", "plain-vllm": "vLLM is not installed"}
+    printed = capsys.readouterr().out
+    assert "vLLM is not installed here: ours-vllm, plain-vllm skipped (tools/vllm_bundle.py)" in printed
+    assert "plain-vllm: skipped (vLLM is not installed)" in (tmp_path / "grpo_step.md").read_text()
+    step = out["runs"]["ours"]["steps"][0]
+    assert step["sampler_agreement"] is None and step["device_gib"] is None  # no vLLM, no GPU
+
+
+def test_a_vllm_run_gets_its_own_process_with_ours_settings(tmp_path):
+    argv = [*TINY.split(), "--vllm", "--out", "x", "--compare-with", "y.json", "--plain-tuned"]
+    runs = {"ours": {"settings": {"micro_batch": 8, "grad_ckpt": False}}}
+    cmd = grpo_step.child_command(argv, "plain-vllm", runs, tmp_path / "r")
+    assert cmd[1].endswith("bench/grpo_step.py") and "x" not in cmd and "y.json" not in cmd
+    assert cmd[2:] == [*TINY.split(), "--vllm", "--plain-tuned", "--only", "plain-vllm", "--out"] + [
+        str(tmp_path / "r"),
+        "--settings-of-ours",
+        "8,False",
+    ]
+    a = grpo_step.parse(cmd[2:])
+    assert grpo_step.training_settings(a, "plain-vllm", {}, on_cuda=True) == (8, False)
+    a.settings_of_ours = None  # ours did not run: plain TRL's own settings, ours' own sizing
+    assert grpo_step.training_settings(a, "plain-vllm", {}, on_cuda=True) == (a.batch, True)
+    assert grpo_step.training_settings(a, "ours-vllm", {}, on_cuda=True) == (None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="checks the run without vLLM")
+def test_a_vllm_runs_process_trains_at_ours_settings_and_says_what_generated(tmp_path):
+    argv = [*TINY.split(), "--p-ended", "0", "--only", "ours-vllm-stale", "--settings-of-ours", "4,False"]
+    with pytest.warns(UserWarning, match="vLLM is not installed"):
+        run = grpo_step.main([*argv, "--out", str(tmp_path)])["runs"]["ours-vllm-stale"]
+    assert run["settings"]["micro_batch"] == 4 and run["settings"]["micro_batch_basis"] == "explicit"
+    assert run["settings"]["generation"] == "trl"  # the config fell back: no vLLM to generate with

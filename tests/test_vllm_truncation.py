@@ -2,7 +2,8 @@
 tokens from our generation are: TRL's colocate path (`VLLMGeneration.generate`, run here on a stand-in engine
 that answers as vLLM's `LLM.generate` does) hands vLLM's token ids on unchanged, and the grader calls a
 rollout truncated iff it does not end with EOS. vLLM ends a rollout stopped by EOS with the EOS id ("stop") and
-one stopped by `max_tokens` or the model length without it ("length")."""
+one stopped by `max_tokens` or the model length without it ("length"): vLLM 0.25.0's `check_stop`
+(vllm/v1/core/sched/utils.py) tests the EOS and stop ids before the length, and keeps the token."""
 
 from types import SimpleNamespace
 

@@ -107,7 +107,10 @@ def split(files: list[Path], name: str, repo: Path, budget: int | None = None) -
 def _ignore(repo: Path) -> None:
     """.carry/ must not travel as part of the tree (it is carried folder by folder)."""
     exclude = repo / ".git" / "info" / "exclude"
-    if exclude.parent.is_dir() and "/.carry/" not in exclude.read_text().split():
+    if not (repo / ".git").is_dir():  # a worktree's .git is a file: its ignores live elsewhere
+        return
+    exclude.parent.mkdir(exist_ok=True)
+    if "/.carry/" not in (exclude.read_text().split() if exclude.is_file() else []):
         with open(exclude, "a") as f:
             f.write("/.carry/\n")
 

@@ -511,6 +511,7 @@ def engine_for(model, tokenizer, directory: Path) -> None:
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
         model.config._name_or_path = str(directory)
+        model.name_or_path = str(directory)  # PreTrainedModel copies it from the config at init: what TRL reads
     if model.config.model_type.startswith("qwen3_5"):
         from trl.generation import vllm_generation
 

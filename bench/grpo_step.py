@@ -507,11 +507,13 @@ def engine_for(model, tokenizer, directory: Path) -> None:
     the first rollout anyway). Qwen3.5 needs two engine arguments TRL does not pass: without flashinfer
     (not carried), vLLM's SM90 default GDN prefill fails at the first generate, so the triton one; and its
     text model alone (no vision tower, no processor files)."""
-    if not Path(model.name_or_path or "").is_dir():
+    if not model.name_or_path or not Path(model.name_or_path).is_dir():  # Path("") is ".", a directory
         model.save_pretrained(directory)
         tokenizer.save_pretrained(directory)
         model.config._name_or_path = str(directory)
-        model.name_or_path = str(directory)  # PreTrainedModel copies it from the config at init: what TRL reads
+        model.name_or_path = str(
+            directory
+        )  # PreTrainedModel copies it from the config at init: what TRL reads
     if model.config.model_type.startswith("qwen3_5"):
         from trl.generation import vllm_generation
 

@@ -178,3 +178,27 @@ def test_a_vllm_runs_process_trains_at_ours_settings_and_says_what_generated(tmp
         run = grpo_step.main([*argv, "--out", str(tmp_path)])["runs"]["ours-vllm-stale"]
     assert run["settings"]["micro_batch"] == 4 and run["settings"]["micro_batch_basis"] == "explicit"
     assert run["settings"]["generation"] == "trl"  # the config fell back: no vLLM to generate with
+
+
+def test_engine_for_saves_a_model_without_a_directory_and_points_trl_at_it(tmp_path, monkeypatch):
+    """A random model has name_or_path "" (and Path("") is ".", a directory): it must be saved, and the model's
+    own name_or_path (what TRL's colocated engine loads) must name the saved copy. The H200 run found the
+    engine given ''."""
+    from trl.generation import vllm_generation
+
+    from tests.scripted import tiny_random_model
+
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: kw, raising=False)  # vLLM is absent here
+    tok, model = tiny_random_model()
+    model.name_or_path = model.config._name_or_path = ""
+    grpo_step.engine_for(model, tok, tmp_path / "engine")
+    assert model.name_or_path == str(tmp_path / "engine") == model.config.name_or_path
+    assert (tmp_path / "engine/config.json").is_file() and (
+        tmp_path / "engine/tokenizer_config.json"
+    ).is_file()
+    saved = (tmp_path / "engine/config.json").stat().st_mtime_ns
+    grpo_step.engine_for(model, tok, tmp_path / "other")  # a model that has its directory is not saved again
+    assert not (tmp_path / "other").exists() and (tmp_path / "engine/config.json").stat().st_mtime_ns == saved
+    assert vllm_generation.LLM(model="m") == {  # Qwen3.5's two engine arguments TRL does not pass
+        "model": "m", "additional_config": {"gdn_prefill_backend": "triton"}, "language_model_only": True,
+    }  # fmt: skip

@@ -79,7 +79,7 @@ class SamplingLog(TrainerCallback):
 
 
 def argv_for(model: str, out: str, lr: float) -> list[str]:
-    """The embedded recipe, shrunk to two short steps; vLLM colocate as in configs/mimo9b.yaml."""
+    """The embedded recipe, shrunk to two short steps; vLLM colocate, as configs/mimo9b.yaml says to set on several GPUs."""
     return [
         "--config", str(REPO / "configs/embedded.yaml"),
         "--model_name_or_path", model,

@@ -2,8 +2,7 @@
 (the training run as the unit), then the problem-level test given these checkpoints, the disagreements,
 peak and decline, accuracy per step, the plots, and a note on the tests (docs/compare.md)."""
 
-from typing import TYPE_CHECKING
-
+from analysis.comparison import Comparison
 from analysis.differences import PairedDiff, set_accuracy
 from analysis.pairing import caps
 from analysis.stats import ALPHA, EXACT_MAX, ceil_sig, min_seeds
@@ -11,11 +10,8 @@ from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
 from rundir.files import Run, SetScore, pct
 
-if TYPE_CHECKING:
-    from analysis.compare import Comparison
 
-
-def render_report(c: "Comparison", seed: int) -> str:
+def render_report(c: Comparison, seed: int) -> str:
     a, b, k = c.a, c.b, c.n_seeds
     seeds = f", {k} training seeds per arm" if k > 1 else ""
     out = [f"# Arm comparison: A = {a.arm} (step {a.step}) vs B = {b.arm} (step {b.step}){seeds}", ""]
@@ -103,7 +99,7 @@ def render_report(c: "Comparison", seed: int) -> str:
     return "\n".join(out)
 
 
-def seed_headline(c: "Comparison") -> str:
+def seed_headline(c: Comparison) -> str:
     """The seed-level table and power lines; with one seed per arm, why there is no arm-level test."""
     if not c.seed_level:
         return (
@@ -152,7 +148,7 @@ def seed_headline(c: "Comparison") -> str:
     )
 
 
-def headline(c: "Comparison") -> str:
+def headline(c: Comparison) -> str:
     """The problem-level table: A − B per set pooled over seeds, the test given these checkpoints."""
     adjusted = c.adjusted_cells()
     rows = [
@@ -181,7 +177,7 @@ def headline(c: "Comparison") -> str:
     return _table(heads, rows)
 
 
-def headline_notes(c: "Comparison") -> list[str]:
+def headline_notes(c: Comparison) -> list[str]:
     """Where own-denominator accuracies and the paired mean differ, and what was left out."""
     notes = []
     for name, d in c.paired.items():
@@ -216,7 +212,7 @@ def _checkpoint_scope(k: int) -> str:
     )
 
 
-def _seed_test_note(c: "Comparison") -> str:
+def _seed_test_note(c: Comparison) -> str:
     return (
         f"A − B over seeds (the headline): exact two-sided sign-flip test over the {c.n_seeds} per-seed "
         "differences, all 2^n sign patterns. Under the null hypothesis that the arms do not differ, a seed's A "
@@ -231,7 +227,7 @@ def _seed_test_note(c: "Comparison") -> str:
     )
 
 
-def _per_seed_section(c: "Comparison") -> list[str]:
+def _per_seed_section(c: Comparison) -> list[str]:
     rows = []
     for s, per_set in c.per_seed:
         for name, d in per_set.items():
@@ -294,7 +290,7 @@ def _cell(score: SetScore) -> str:
     return f"{pct(score.accuracy)} ({score.outcomes[Outcome.CORRECT]}/{score.graded})"
 
 
-def _setup_rows(c: "Comparison") -> list[list[str]]:
+def _setup_rows(c: Comparison) -> list[list[str]]:
     sides = (c.a, c.b)
     tables = [r.table(side.step) for side in sides for r in side.runs[:1]]
 
@@ -323,7 +319,7 @@ def _eval_sampling(ev: dict) -> str:
     return " / ".join(str(ev.get(k, "?")) for k in ("temperature", "top_p", "seed"))
 
 
-def _peak_table(c: "Comparison") -> str:
+def _peak_table(c: Comparison) -> str:
     adjusted, rows = c.adjusted_cells(), []
     for side in (c.a, c.b):
         for name, pd in c.peaks[side.label].items():

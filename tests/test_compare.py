@@ -607,3 +607,27 @@ def test_thread_and_grader_counts_are_where_a_run_ran_not_its_recipe(seeded):
         str(root / "S2-s*"), f"{root}/S0-s0,{root}/S0-s1,{root}/S0-t2", root / "out", n_resamples=200
     )
     assert c.warnings == []
+
+
+def test_the_analysis_package_reads_top_to_bottom():
+    """No import cycle among analysis/ modules, TYPE_CHECKING imports included (issue 44: compare.py and
+    report.py imported each other)."""
+    import ast
+
+    package = Path(__file__).resolve().parent.parent / "analysis"
+    graph = {}
+    for path in package.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        graph[path.stem] = {
+            node.module.split(".")[1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("analysis.")
+        }
+
+    def reaches(start, goal, seen=()):
+        return any(
+            n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph.get(start, ())
+        )
+
+    assert graph["report"] and graph["compare"]
+    assert [m for m in graph if reaches(m, m)] == []

@@ -9,12 +9,15 @@ the list of stepNNN/ and stateNNN/ directories (docs/CONTRACTS.md, read through 
 """
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
+from analysis.pairing import CompareError
 from cards.checkpoint_card import build_checkpoint_card
 from cards.metadata import save_card
 from cards.run_card import build_run_card
-from rundir.files import Run, step_dir
+from rundir.files import Run, RunFileError, step_dir
 
 
 def write_cards(
@@ -52,7 +55,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--control", type=Path, help="control run (e.g. runs/S0) for the paired comparison")
     parser.add_argument("--steps", help="only these checkpoints, e.g. 10,20 (default: every stepNNN/)")
     args = parser.parse_args(argv)
-    for path in write_cards(args.run_dir, args.control, steps=parse_steps(args.steps)):
+    try:
+        paths = write_cards(args.run_dir, args.control, steps=parse_steps(args.steps))
+    except (RunFileError, CompareError, FileNotFoundError, ValueError) as e:
+        if os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0"):
+            raise
+        print(
+            f"error: {e}", file=sys.stderr
+        )  # one line, as the other commands; CAPGRPO_DEBUG=1 for the traceback
+        sys.exit(1)
+    for path in paths:
         print(path)
 
 

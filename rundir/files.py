@@ -74,20 +74,28 @@ def read_jsonl(path: Path | str, *, torn_tail: str = "refuse") -> list[dict]:
 
 def _numbered_rows(path: Path, torn_tail: str = "refuse") -> list[tuple[int, dict]]:
     text = archive.read_bytes(path).decode(errors="replace")  # a published run's rows are in its archive
-    lines, rows = text.splitlines(), []
+    # only "\n" ends a row: str.splitlines() also breaks on U+2028, U+0085, \x1c… which JSON keeps raw in strings
+    lines, rows, complete = text.split("\n"), [], text.endswith("\n")
+    if complete:
+        lines.pop()  # the empty string after the last newline
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             rows.append((i, json.loads(line)))
         except json.JSONDecodeError as e:
-            if i < len(lines) or text.endswith("\n"):
+            if i < len(lines) or complete:
                 raise RunFileError(f"{path}:{i}: not valid JSON ({e.msg})") from None
             if torn_tail == "drop":
                 break
-            raise RunFileError(
-                f"{path}:{i}: torn last row (what an append interrupted by a crash or a full disk leaves): "
-                "resume the run with --resume to redo its step, or delete that line"
+            if path.name == "steps.jsonl":  # appended row by row: a crash can tear its last row
+                raise RunFileError(
+                    f"{path}:{i}: torn last row (what an append interrupted by a crash or a full disk leaves): "
+                    "resume the run with --resume to redo its step, or delete that line"
+                ) from None
+            raise RunFileError(  # other row files are written whole (atomically): this is damage
+                f"{path}:{i}: torn last row in a file written whole: restore it from a copy, or move it away "
+                "and evaluate the step again (make eval RUN=<run> STEPS=<step>)"
             ) from None
     return rows
 
@@ -114,7 +122,7 @@ def write_eval(
     if len(caps) != 1 or (cap_suffix is not None and caps != {cap_suffix}):
         raise ValueError(f"{path}: rows have caps {sorted(caps)}; one cap matching the file name is required")
     data = "".join(
-        json.dumps({k: row[k] for k in ROW_FIELDS}, ensure_ascii=False, allow_nan=False) + "\n"
+        json.dumps({k: row[k] for k in ROW_FIELDS}, allow_nan=False) + "\n"  # ASCII: any str round-trips
         for row in rows
     ).encode()
     if path.exists():

@@ -20,6 +20,7 @@ from pathlib import Path
 from data.atomic import write_atomic
 from rewards.grader import GraderPool
 from rewards.outcome import Outcome, grader_version
+from rundir import archive
 from rundir.files import EVAL_FILE, read_jsonl
 
 
@@ -49,7 +50,7 @@ def regrade(run_dir: Path, grader: str, pool: GraderPool | None = None) -> dict:
     """Write `results/regrade-<grader>/` and return its summary (also written as summary.json)."""
     version = grader_version(grader)
     results = Path(run_dir) / "results"
-    files = sorted(p for p in results.glob("eval_step*.jsonl") if EVAL_FILE.fullmatch(p.name))
+    files = [p for p in archive.listing(results, "eval_step*.jsonl") if EVAL_FILE.fullmatch(p.name)]
     if not files:
         raise FileNotFoundError(f"{results}: no eval_stepNNN.jsonl files to re-grade")
     out_dir = results / f"regrade-{grader}"
@@ -89,7 +90,7 @@ def regrade(run_dir: Path, grader: str, pool: GraderPool | None = None) -> dict:
                         "changed": sum(a != b for a, b in zip(old, new)),
                     }
                 )
-            data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in new_rows)
+            data = "".join(json.dumps(r, allow_nan=False) + "\n" for r in new_rows)  # ASCII, as write_eval
             written[out_dir / path.name] = data.encode()
     finally:
         if own:

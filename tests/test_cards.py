@@ -291,11 +291,16 @@ def test_cli_regenerates_chosen_cards_and_rejects_bad_input(run, capsys):
     main([str(run), "--steps", "2,4"])
     assert (run / "step002" / "README.md").is_file() and (run / "step004" / "README.md").is_file()
     assert not (run / "step006" / "README.md").exists() and (run / "README.md").is_file()
-    with pytest.raises(FileNotFoundError, match="step003"):
-        main([str(run), "--steps", "3"])
-    (run / "results" / "eval_step002.jsonl").write_text('{"step": 2, "set": "fixed32"}\n')
-    with pytest.raises(ValueError, match=r"eval_step002\.jsonl:1: missing field"):
-        main([str(run)])
+    for argv, says in (
+        (["--steps", "3"], "step003: no such checkpoint directory"),
+        ([], r"eval_step002\.jsonl:1: missing field"),
+    ):
+        if not argv:
+            (run / "results" / "eval_step002.jsonl").write_text('{"step": 2, "set": "fixed32"}\n')
+        with pytest.raises(SystemExit) as exit_:  # one line, exit 1 (issue 49: no traceback)
+            main([str(run), *argv])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 1 and len(err) == 1 and re.search(says, err[0]), err
 
 
 def test_cards_import_neither_the_trainer_nor_torch_training_code():

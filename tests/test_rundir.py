@@ -82,8 +82,10 @@ def test_a_torn_last_row_is_named_with_the_way_on_and_a_torn_middle_row_by_line(
         read_jsonl(steps, torn_tail="drop")
     path = eval_path(run_dir, 2)
     path.write_text(path.read_text()[:-20])  # the same for eval rows
-    with pytest.raises(RunFileError, match=r"eval_step002.jsonl:2: torn last row"):
+    with pytest.raises(RunFileError, match=r"eval_step002.jsonl:2: torn last row") as refused:
         Run(run_dir).rows(2)
+    # an eval file is written whole: a resume does not repair it, evaluating the step again does (issue 49)
+    assert "--resume" not in str(refused.value) and "make eval RUN=<run> STEPS=<step>" in str(refused.value)
 
 
 def test_a_resume_drops_the_rows_past_its_state_and_moves_their_eval_files_aside(run_dir):

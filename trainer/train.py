@@ -10,6 +10,7 @@ with the step reached and the resume command (status 130).
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch
 import transformers
+import yaml
 from accelerate import PartialState
 from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging
@@ -320,9 +322,59 @@ class Interrupted(Exception):
     """Ctrl-C: the message is the step reached and the resume command."""
 
 
+class RecipeParser(TrlParser):
+    """TrlParser whose refusals are one line: argparse's own error prints the whole usage (~220 lines)."""
+
+    def error(self, message: str):
+        raise CommandLineError(f"{message} (python -m trainer.train --help lists every field)")
+
+
+class CommandLineError(ValueError):
+    """A command line or recipe we cannot parse; the message names the flag, file, line or key. Exit 2."""
+
+
+def check_recipe(argv: list[str]) -> None:
+    """The --config recipe, checked before TrlParser reads it: there, a missing file, bad YAML or a file that is
+    no mapping end in tracebacks, and an unknown key (a typo: `max_stepz: 3`) is silently ignored."""
+    if "--config" not in argv:
+        return
+    i = argv.index("--config")
+    if i + 1 == len(argv) or argv[i + 1].startswith("--"):
+        raise CommandLineError("--config: expected a recipe file")
+    path = Path(argv[i + 1])
+    try:
+        recipe = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise CommandLineError(f"{path}: cannot read the recipe ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise CommandLineError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if not isinstance(recipe, dict):
+        kind = "empty" if recipe is None else f"a {type(recipe).__name__}"
+        raise CommandLineError(f"{path}: a recipe is a mapping of config fields, this one is {kind}")
+    known = {f.name for cls in (CapGRPOConfig, ModelConfig) for f in dataclasses.fields(cls)} | {"env"}
+    if unknown := sorted(set(recipe) - known):
+        raise CommandLineError(
+            f"{path}: unknown key(s) {', '.join(unknown)} (not a field of CapGRPOConfig or ModelConfig)"
+        )
+
+
+def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_recipe(argv)
+    try:
+        return RecipeParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
+    except (
+        ValueError
+    ) as e:  # HfArgumentParser's "Some specified arguments are not used…: ['--no_such_flag', '3']"
+        if "not used by the HfArgumentParser" not in str(e):
+            raise
+        raise CommandLineError(f"unknown argument(s): {str(e).split(': ', 1)[-1]}") from None
+
+
 def train(argv: list[str] | None) -> None:
-    parser = TrlParser((CapGRPOConfig, ModelConfig))
-    args, model_args = parser.parse_args_and_config(argv)
+    args, model_args = parse(argv)
     lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
     trainer = None
     try:
@@ -368,6 +420,11 @@ def main(argv: list[str] | None = None) -> None:
     except Interrupted as e:
         print(e, file=sys.stderr)
         sys.exit(130)
+    except CommandLineError as e:
+        if debug:
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     except (*REFUSALS, OSError) as e:
         full = is_disk_full(e) and not isinstance(e, DiskFullError)  # a write outside our savers
         if debug or not (isinstance(e, REFUSALS) or full):

@@ -23,7 +23,9 @@ class Rule:
     eligible cell with the largest gate share wins (ties: `tie_break` fields ascending). Nothing eligible: the
     (cell, cap) with the largest gate share, truncation in `fallback_truncated` and pass@1 in band, flagged."""
 
-    candidates: dict = field(default_factory=dict)  # cell fields a candidate must have, e.g. {prompt: few-shot}
+    candidates: dict = field(
+        default_factory=dict
+    )  # cell fields a candidate must have, e.g. {prompt: few-shot}
     truncated: tuple[float, float] = (0.15, 0.35)
     pass_at_1: tuple[float, float] = (0.20, 0.70)
     gate: str = "gate_v1"  # or "mixed"

@@ -7,6 +7,8 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   outcome_by_seed   S2 - S0 in one outcome's share of the primary set, per seed, with the exact sign-flip test
   arm_trajectory    per arm and evaluated step, means over the tested seeds (accuracy, unresolved, length,
                     entropy, median sampled-token log-prob): the decomposition's per-step part
+  secondary         a secondary comparison (set, step, cap) by the seed-level test
+  peak              per arm: the step of the peak mean primary accuracy and the decline from it
   decomposition     the S2 - S0 lead at the compared step split by what S0 did on each paired sample
   launch_status     per run: steps logged, updates skipped, steps evaluated
   reproduction      run by run, how far `launch` repeats `against`
@@ -38,13 +40,19 @@ class Launch:
         self.set = plan.primary["set"]
 
     def dir(self, arm: str, seed: int | None) -> Path:
-        name = self.plan.run_name.format(arm=arm) if seed is None else self.plan.run_name.format(arm=arm, seed=seed)
+        name = (
+            self.plan.run_name.format(arm=arm)
+            if seed is None
+            else self.plan.run_name.format(arm=arm, seed=seed)
+        )
         return self.where / name
 
     def failed(self, run: Path) -> bool:
         """A run whose training applied a non-finite gradient (its weights went NaN); a step whose update was
         skipped (`nonfinite_gradient: skip`) is not a failure."""
-        return any(not math.isfinite(r.get("grad_norm", 0.0)) and not r.get("update_skipped") for r in _steps(run))
+        return any(
+            not math.isfinite(r.get("grad_norm", 0.0)) and not r.get("update_skipped") for r in _steps(run)
+        )
 
     def tested_seeds(self) -> tuple:
         """The plan's deviation rule: a failed run's seed pair leaves the seed-level test."""
@@ -79,6 +87,25 @@ def primary(lx: Launch) -> str:
     if seeds != lx.seeds:
         out += "\n" + comparison_block(lx, lx.seeds, "Sensitivity, every seed (not the primary)")
     return out
+
+
+def secondary(lx: Launch, set: str, step: int | None = None, cap: int | None = None) -> str:
+    """A secondary comparison by the seed-level test: per tested seed, the arm's accuracy on `set` minus the
+    control's (at `cap`, default the runs' own), with the exact sign-flip test over the seeds."""
+    from analysis.stats import sign_flip_test
+
+    seeds, (control, arm) = lx.tested_seeds(), lx.arms
+    step = lx.common_step(seeds) if step is None else step
+    d = []
+    for s in seeds:
+        a, b = (Run(lx.dir(x, s)).score(step, set, cap) for x in (arm, control))
+        if a is None or b is None:
+            return f"{set} at step {step}{f', cap {cap}' if cap else ''}: not evaluated in every tested run\n"
+        d.append(100 * (a.accuracy - b.accuracy))
+    t = sign_flip_test(d)
+    return (f"{arm} − {control} on {set}, step {step}{f', cap {cap}' if cap else ''}, seeds "
+            f"{', '.join(map(str, seeds))}: per seed {', '.join(f'{x:+.1f}' for x in d)} pp; mean "
+            f"{statistics.mean(d):+.1f} pp, exact sign-flip p = {t.p_text()}\n")  # fmt: skip
 
 
 def outcome_by_seed(lx: Launch, steps: list[int], outcome: str = "format_rejected") -> str:
@@ -133,6 +160,25 @@ def arm_trajectory(lx: Launch, fixed: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def peak(lx: Launch) -> str:
+    """Peak-then-decline per arm: the evaluated step of the highest mean primary-set accuracy over the tested
+    seeds, and how far the mean fell from it by the compared step."""
+    seeds = lx.tested_seeds()
+    last = lx.common_step(seeds)
+    lines = [f"| arm | peak step | peak {lx.set} | step {last} | decline (pp) |", "|---|---|---|---|---|"]
+    for arm in lx.arms:
+        runs = [Run(lx.dir(arm, s)) for s in seeds]
+        steps = sorted(set.intersection(*(set(r.evaluated()) for r in runs)))
+        mean = {
+            t: 100 * statistics.mean(r.score(t, lx.set).accuracy for r in runs) for t in steps if t <= last
+        }
+        top = max(mean, key=lambda t: (mean[t], -t))
+        lines.append(
+            f"| {arm} | {top} | {mean[top]:.1f} | {mean[last]:.1f} | {mean[last] - mean[top]:+.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def decomposition(lx: Launch) -> str:
     """The pre-registered split of the lead at the compared step: over the tested seeds' paired samples (the
     same problem and sample index in both arms of a seed), how many S2-correct/S0-not pairs come from S0
@@ -170,7 +216,9 @@ def launch_status(lx: Launch) -> str:
             rows = _steps(run)
             skipped = ", ".join(str(r["step"]) for r in rows if r.get("update_skipped")) or "none"
             evaluated = ", ".join(map(str, Run(run).evaluated()))
-            lines.append(f"| {run.name} | {max((r['step'] for r in rows), default=0)} | {skipped} | {evaluated} |")
+            lines.append(
+                f"| {run.name} | {max((r['step'] for r in rows), default=0)} | {skipped} | {evaluated} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +237,9 @@ def reproduction(lx: Launch, against: Launch, eval_steps: tuple[int, ...] = (0, 
             cells = []
             for step in eval_steps:
                 ra, rb = (read_jsonl(r / f"results/eval_step{step:03d}.jsonl") for r in (a, b))
-                cells.append(f"{sum(x['completion'] == y['completion'] for x, y in zip(ra, rb))} of {len(ra)}")
+                cells.append(
+                    f"{sum(x['completion'] == y['completion'] for x, y in zip(ra, rb))} of {len(ra)}"
+                )
             lines.append(f"| {a.name} | {same} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -274,10 +324,14 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
     fixed = next((s for s in plan.eval["sets"] if s != plan.primary["set"]), plan.primary["set"])
     if kind == "primary":
         body = primary(lx)
+    elif kind == "secondary":
+        body = secondary(lx, **spec)
     elif kind == "outcome_by_seed":
         body = outcome_by_seed(lx, **spec)
     elif kind == "arm_trajectory":
         body = arm_trajectory(lx, fixed)
+    elif kind == "peak":
+        body = peak(lx)
     elif kind == "decomposition":
         body = decomposition(lx)
     elif kind == "launch_status":
@@ -299,7 +353,18 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
     return "#" * level + " " + heading.format(seeds=seeds) + "\n\n" + body
 
 
+# what a fresh launch's rows get (`--results`, the smoke test): the pre-registered primary and decomposition
+STANDARD = (
+    {"kind": "primary"},
+    {"kind": "decomposition", "heading": "Decomposition of the lead (pre-registered)"},
+    {"kind": "arm_trajectory", "heading": "Per arm, mean over seeds {seeds}, every evaluation"},
+    {"kind": "peak", "heading": "Peak then decline, per arm"},
+    {"kind": "launch_status", "heading": "How far each run got"},
+)
+
+
 def report(plan: Plan, where: Path | None = None) -> str:
-    """Every section of the plan's report, in order, from the rows under `where` (default: plan.results)."""
-    where = where or ROOT / plan.results
-    return "\n".join(section(plan, where, s) for s in plan.report)
+    """Every section of the plan's report, in order, from the rows under plan.results; or the STANDARD
+    sections of the runs directly under `where` (a launch not yet committed)."""
+    sections = plan.report if where is None else STANDARD
+    return "\n".join(section(plan, where or ROOT / plan.results, s) for s in sections)

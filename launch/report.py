@@ -10,6 +10,8 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   secondary         a secondary comparison (set, step, cap) by the seed-level test
   peak              per arm: the step of the peak mean primary accuracy and the decline from it
   decomposition     the S2 - S0 lead at the compared step split by what S0 did on each paired sample
+  compare           analysis.compare's whole report (report.md) at the last step both arms evaluated
+  throughput        per run: steps/s, tokens/s, generation share, from steps.jsonl's `seconds`
   launch_status     per run: steps logged, updates skipped, steps evaluated
   reproduction      run by run, how far `launch` repeats `against`
   seed_table        the sampled training rollouts' shares at one step per seed
@@ -179,6 +181,74 @@ def peak(lx: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
+def compare(lx: Launch) -> str:
+    """analysis.compare's whole report of the arm against the control at the last step both evaluated."""
+    from analysis.compare import compare_runs
+
+    control, arm = lx.arms
+    step = lx.common_step()
+    runs = {a: ",".join(str(lx.dir(a, s)) for s in lx.seeds) for a in (control, arm)}
+    with tempfile.TemporaryDirectory() as tmp:
+        compare_runs(runs[arm], runs[control], tmp, step_a=step, step_b=step, primary=lx.set)
+        return (Path(tmp) / "report.md").read_text()
+
+
+def throughput_of(run: Path) -> dict:
+    """Steps/s, tokens/s and the share of step time in generation, from steps.jsonl's `seconds`. Step time is
+    generate + grade + train + eval + save (`grade_lost` is part of grade); generated tokens are the sampled
+    rollouts' completion tokens; "warm" leaves out step 1, which pays the compilation of the decode step."""
+    rows = _steps(run)
+
+    def stats(rows: list[dict]) -> dict:
+        if not rows:
+            return {"steps": 0}
+        sec = {
+            k: sum(r["seconds"].get(k, 0.0) for r in rows)
+            for k in ("generate", "grade", "train", "eval", "save")
+        }
+        total = sum(sec.values())
+        generated = sum(sum(r["outcomes_sampled"].values()) * r["completion_length"]["mean"] for r in rows)
+        trained = sum(r["tokens_trained"] for r in rows)
+        return {
+            "steps": len(rows),
+            "seconds": {k: round(v, 2) for k, v in sec.items()} | {"step_total": round(total, 2)},
+            "steps_per_s": len(rows) / total,
+            "generated_tokens": round(generated),
+            "generated_tokens_per_s_of_generation": generated / max(sec["generate"], 1e-9),
+            "generated_tokens_per_s_of_step_time": generated / total,
+            "trained_tokens_per_s_of_train_time": trained / max(sec["train"], 1e-9),
+            "generation_share": sec["generate"] / total,
+            "generation_share_without_eval": sec["generate"] / max(total - sec["eval"], 1e-9),
+            "median_step_s": statistics.median(sum(r["seconds"].get(k, 0.0) for k in sec) for r in rows),
+            "sampling_rounds_mean": statistics.mean(r["groups"]["rounds"] for r in rows),
+            "sampled_per_trained_group": sum(r["groups"]["sampled"] for r in rows)
+            / max(1, sum(r["groups"]["trained"] for r in rows)),
+        }
+
+    return {"all": stats(rows), "warm": stats(rows[1:])}
+
+
+def throughput(lx: Launch) -> str:
+    lines = [
+        "| run | steps | steps/s | generated tok/s (generation) | generated tok/s (step) | trained tok/s | "
+        "generation share | without eval | median step s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in lx.arms:
+        for seed in lx.seeds:
+            t = throughput_of(lx.dir(arm, seed))
+            for part in ("all", "warm"):
+                s = t[part]
+                if s["steps"]:
+                    lines.append(
+                        f"| {lx.dir(arm, seed).name} ({part}) | {s['steps']} | {s['steps_per_s']:.3f} | "
+                        f"{s['generated_tokens_per_s_of_generation']:.0f} | {s['generated_tokens_per_s_of_step_time']:.0f} | "
+                        f"{s['trained_tokens_per_s_of_train_time']:.0f} | {s['generation_share']:.1%} | "
+                        f"{s['generation_share_without_eval']:.1%} | {s['median_step_s']:.2f} |"
+                    )
+    return "\n".join(lines) + "\n"
+
+
 def decomposition(lx: Launch) -> str:
     """The pre-registered split of the lead at the compared step: over the tested seeds' paired samples (the
     same problem and sample index in both arms of a seed), how many S2-correct/S0-not pairs come from S0
@@ -330,6 +400,10 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
         body = outcome_by_seed(lx, **spec)
     elif kind == "arm_trajectory":
         body = arm_trajectory(lx, fixed)
+    elif kind == "compare":
+        body = compare(lx)
+    elif kind == "throughput":
+        body = throughput(lx)
     elif kind == "peak":
         body = peak(lx)
     elif kind == "decomposition":

@@ -153,9 +153,17 @@ def build_base(plan: Plan, work: Path, model: str | None, smoke: bool, gguf: Pat
         cmd = [sys.executable, "-m", "embedded.build", "--out", str(out), "--snapshot", str(work / "synthetic.tasks.json"),
                "--overrides", str(ROOT / plan.base["overrides"]), "--report-cap", str(plan.recipe_dict()["max_completion_length"]),
                "--eval-problems", str(plan.base.get("eval_problems", 300))]  # fmt: skip
+        budget_s = plan.base.get("budget_s", 540)  # inside the device's 10-minute call, so the log comes back
+        work.mkdir(parents=True, exist_ok=True)
         with (work / "base.log").open("w") as log:
-            if subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode:
-                raise SystemExit(f"error: the base build failed; see {work / 'base.log'}")
+            try:
+                code = subprocess.run(
+                    cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=budget_s
+                ).returncode
+            except subprocess.TimeoutExpired:
+                code = f"stopped after {budget_s} s"
+        if code:
+            raise SystemExit(f"error: the base build failed ({code}); see {work / 'base.log'}")
         return out
     raise PlanError(f"error: {plan.path}: base.kind {kind!r} is neither packaged nor embedded")
 

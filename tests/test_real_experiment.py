@@ -158,3 +158,29 @@ def test_runs_at_a_time_fit_the_gpu_at_the_leaders_measured_memory(monkeypatch):
     assert fitting(12, 1) == 1  # never none
     monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: None)  # no nvidia-smi: as asked
     assert fitting(5, 1) == 5
+
+
+def test_the_decomposition_of_launch7s_lead_adds_up_to_it_and_is_what_issue_45_read():
+    """The pre-registered split (launch/report.py `decomposition`) on launch 7 at step 30: the net per cause adds up
+    to S2 − S0 on heldout300 counted from the scores; no pair goes from S0 truncated to S2 correct, and about three
+    quarters of the +2.4 pp lead come from S0 format-rejected (issue 45)."""
+    from launch.report import decomposition, peak
+    from rundir.files import Run
+
+    lx = _launch(DOCS / "launch7")
+    table = {
+        row.split(" | ")[0][2:]: row.split(" | ")[1:]
+        for row in decomposition(lx).splitlines()
+        if row.startswith("| ")
+    }
+    net = {cause: float(table[cause][2].rstrip(" |")) for cause in ("truncated", "format_rejected", "wrong")}
+    correct = {
+        a: sum(Run(lx.dir(a, s)).score(30, "heldout300").rate("correct") for s in PLAN.seeds)
+        for a in PLAN.arms
+    }
+    assert sum(net.values()) == pytest.approx(
+        100 * (correct["S2"] - correct["S0"]) / len(PLAN.seeds), abs=0.02
+    )
+    assert table["truncated"][:2] == ["0", "0"] and 0.7 < net["format_rejected"] / sum(net.values()) < 0.8
+    declines = [row.split(" | ")[-1] for row in peak(lx).splitlines() if row.startswith(("| S0", "| S2"))]
+    assert declines == ["+0.0 |", "+0.0 |"]  # neither arm declines from a peak by step 30

@@ -12,6 +12,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# the report's section kinds (launch/report.py `section`), checked when the plan is read, not when it is reported
+SECTION_KINDS = ("primary", "secondary", "outcome_by_seed", "arm_trajectory", "peak", "decomposition", "compare",
+                 "throughput", "launch_status", "reproduction", "seed_table", "timing", "trajectory")  # fmt: skip
+
+
 class PlanError(SystemExit):
     """One line naming the plan file and the field; the launcher exits non-zero with it."""
 
@@ -121,6 +126,11 @@ def load(path: str | Path) -> Plan:
     plan = _build(Plan, {"path": path, **raw}, str(path))
     if plan.primary.get("set") not in plan.eval.get("sets", {}):
         raise PlanError(f"error: {path}: primary.set {plan.primary.get('set')!r} is not one of eval.sets")
+    for i, sec in enumerate(plan.report):
+        if sec.get("kind") not in SECTION_KINDS:
+            raise PlanError(
+                f"error: {path}: report[{i}].kind {sec.get('kind')!r} is not one of {', '.join(SECTION_KINDS)}"
+            )
     if plan.status not in ("draft", "final"):
         raise PlanError(f"error: {path}: status {plan.status!r} is neither draft nor final")
     if not (ROOT / plan.recipe).is_file():

@@ -24,7 +24,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from launch.plan import ROOT, Plan
+from launch.plan import ROOT, SECTION_KINDS, Plan
 from rundir.files import Run, read_jsonl, steps_path
 
 
@@ -392,34 +392,24 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
     body_level = spec.pop("body_level", 3)  # of the headings a section writes itself (primary's)
     lx = Launch(plan, where / spec.pop("launch", "."))
     fixed = next((s for s in plan.eval["sets"] if s != plan.primary["set"]), plan.primary["set"])
-    if kind == "primary":
-        body = primary(lx)
-    elif kind == "secondary":
-        body = secondary(lx, **spec)
-    elif kind == "outcome_by_seed":
-        body = outcome_by_seed(lx, **spec)
-    elif kind == "arm_trajectory":
-        body = arm_trajectory(lx, fixed)
-    elif kind == "compare":
-        body = compare(lx)
-    elif kind == "throughput":
-        body = throughput(lx)
-    elif kind == "peak":
-        body = peak(lx)
-    elif kind == "decomposition":
-        body = decomposition(lx)
-    elif kind == "launch_status":
-        body = launch_status(lx)
-    elif kind == "reproduction":
-        body = reproduction(lx, Launch(plan, where / spec.pop("against")), **spec)
-    elif kind == "seed_table":
-        body = seed_table(lx, **spec)
-    elif kind == "timing":
-        body = timing(lx, spec["run"], fixed)
-    elif kind == "trajectory":
-        body = trajectory(lx, fixed, **spec)
-    else:
-        raise SystemExit(f"error: {plan.path}: report section kind {kind!r} is unknown")
+    against = Launch(plan, where / spec.pop("against")) if "against" in spec else None
+    sections = {
+        "primary": lambda: primary(lx),
+        "secondary": lambda: secondary(lx, **spec),
+        "outcome_by_seed": lambda: outcome_by_seed(lx, **spec),
+        "arm_trajectory": lambda: arm_trajectory(lx, fixed),
+        "peak": lambda: peak(lx),
+        "decomposition": lambda: decomposition(lx),
+        "compare": lambda: compare(lx),
+        "throughput": lambda: throughput(lx),
+        "launch_status": lambda: launch_status(lx),
+        "reproduction": lambda: reproduction(lx, against, **spec),
+        "seed_table": lambda: seed_table(lx, **spec),
+        "timing": lambda: timing(lx, spec["run"], fixed),
+        "trajectory": lambda: trajectory(lx, fixed, **spec),
+    }
+    assert sections.keys() == set(SECTION_KINDS), "launch/plan.py SECTION_KINDS names every section here"
+    body = sections[kind]()
     body = body.replace("### ", "#" * body_level + " ") if body_level != 3 else body
     if heading is None:
         return body

@@ -51,6 +51,9 @@ def test_an_unknown_field_is_refused_with_one_line_naming_the_file_and_field(tmp
     with pytest.raises(PlanError, match="primary.set 'heldout' is not one of eval.sets"):
         load(path)
     assert launch_main([str(path), "report"]) == 1
+    path = _plan_with(tmp_path, lambda r: r["report"].append({"kind": "primray"}))
+    with pytest.raises(PlanError, match=r"report\[15\].kind 'primray' is not one of primary, "):
+        load(path)
 
 
 def test_train_refuses_a_draft_plan(tmp_path, capsys):

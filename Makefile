@@ -15,7 +15,7 @@ JOBS ?= 2
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: real-base setup lock test-latest test test-fast lint format check-docs base train eval compare experiment experiment-h200 card push regrade test-vllm test-multinode
+.PHONY: real-base setup lock test-latest test test-fast lint format check-docs base train eval compare experiment launch card push regrade test-vllm test-multinode
 
 setup:  ## venv with exactly the locked versions (requirements.lock, CPU torch wheel), the package editable
 	python3 -m venv .venv
@@ -90,8 +90,9 @@ compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 experiment:  ## make experiment [ARMS=S0,S2,S4] [SEEDS=0,1,2] [OUT=docs/experiment-embedded]: train every arm (control first) from the embedded recipe, compare each with the control
 	$(PY) -m trainer.experiment --recipe configs/embedded.yaml --arms $(ARMS) $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS) $(if $(OUT),--out $(OUT)) $(if $(ARGS),-- $(ARGS))
 
-experiment-h200:  ## make experiment-h200 STAGE=base|train|all [WORK=dir] [ARGS=--smoke]: S0 vs S2 on one H200, docs/experiment-h200/
-	$(PY) bench/h200_experiment.py $(or $(STAGE),all) $(if $(WORK),--work $(WORK)) $(ARGS)
+launch:  ## make launch PLAN=docs/experiment-real/plan.yaml STAGE=base|train|report [WORK=dir] [ARGS="--smoke --budget-s 500"]: one experiment from its plan file (docs/launch.md)
+	@test -n "$(PLAN)" -a -n "$(STAGE)" || { echo "usage: make launch PLAN=docs/experiment-*/plan.yaml STAGE=base|train|report [WORK=dir] [ARGS=...]" >&2; exit 2; }
+	$(PY) -m launch $(PLAN) $(STAGE) $(if $(WORK),--work $(WORK)) $(ARGS)
 
 card:  ## make card RUN=runs/S2 [CONTROL=runs/S0] [STEPS=10,20]: regenerate the run's cards
 	$(PY) -m cards.card $(RUN) $(if $(CONTROL),--control $(CONTROL)) $(if $(STEPS),--steps $(STEPS))

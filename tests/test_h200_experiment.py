@@ -1,7 +1,7 @@
-"""bench/h200_experiment.py (issue 20): the H200 recipe's base settings, the base check, the throughput
-summary, and (slow) the whole pipeline at CPU sizes with --smoke."""
+"""docs/experiment-h200/plan.yaml through the launcher (issue 20, issue 45): the H200 recipe's base settings,
+the base check, the throughput summary, the committed report recomputed, and (slow) the whole pipeline at CPU
+sizes with --smoke."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,15 +13,16 @@ import pytest
 import yaml
 
 from embedded.build import BuildConfig, _overrides, build_model, build_tokenizer
+from launch.__main__ import main as launch_main
+from launch.plan import load
+from launch.report import report, throughput_of
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = importlib.util.spec_from_file_location("h200_experiment", ROOT / "bench/h200_experiment.py")
-h200 = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(h200)
+PLAN = load(ROOT / "docs/experiment-h200/plan.yaml")
 
 
 def test_the_base_settings_build_a_tens_of_millions_qwen35_with_the_hybrid_pattern():
-    cfg = BuildConfig(**_overrides([], str(h200.BASE_OVERRIDES)))
+    cfg = BuildConfig(**_overrides([], str(ROOT / PLAN.base["overrides"])))
     model = build_model(cfg, build_tokenizer(cfg))
     text = model.config.text_config
     assert type(model).__name__ == "Qwen3_5ForConditionalGeneration"
@@ -31,7 +32,7 @@ def test_the_base_settings_build_a_tens_of_millions_qwen35_with_the_hybrid_patte
     ]
     assert sum(text.rope_parameters["mrope_section"]) * 2 == text.head_dim // 2  # rotary on half of each head
     # the recipe's cap is one the warm start's re-check loops outrun, and sequences hold prompt + cap
-    assert cfg.sft_max_length > yaml.safe_load(h200.RECIPE.read_text())["max_completion_length"] + 79
+    assert cfg.sft_max_length > yaml.safe_load((ROOT / PLAN.recipe).read_text())["max_completion_length"] + 79
 
 
 def test_an_overrides_file_with_an_unknown_field_is_refused_by_name(tmp_path):
@@ -51,29 +52,32 @@ def test_added_fields_at_their_defaults_keep_the_shipped_hash():
 
 
 def test_train_refuses_a_work_folder_without_the_base(tmp_path, capsys):
-    assert h200.main(["train", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]) == 1
+    plan = ROOT / "docs/experiment-h200/plan.yaml"
+    assert (
+        launch_main([str(plan), "train", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "out")]) == 1
+    )
     err = capsys.readouterr().err
-    assert str(tmp_path / "w" / "base") in err and "run `base` first" in err
+    assert str(tmp_path / "w" / "base") in err and "run the base stage first" in err
 
 
-def test_the_script_run_as_a_file_imports_the_repo_without_it_on_the_path(tmp_path):
-    # the device runs `python3 bench/h200_experiment.py train` in an uninstalled snapshot with PYTHONPATH
-    # holding only the wheels: take this venv's editable install and the repo root off the path, run the
-    # file from elsewhere, and `train` must reach its own refusal, not a ModuleNotFoundError
-    script, work = ROOT / "bench/h200_experiment.py", tmp_path / "w"
+def test_the_launcher_runs_from_the_repo_root_without_the_editable_install(tmp_path):
+    # the device runs `python3 -m launch PLAN train` in an uninstalled snapshot with PYTHONPATH holding only the
+    # wheels: take this venv's editable install off the path, and `train` must reach its own refusal
     boot = (
         "import importlib.util, runpy, sys\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
         f"sys.path[:] = [p for p in sys.path if p not in ('', {str(ROOT)!r}) and '__editable__' not in p]\n"
-        "assert importlib.util.find_spec('embedded') is None, 'the repo is still importable'\n"
-        f"sys.argv = [{str(script)!r}, 'train', '--work', {str(work)!r}, '--out', {str(tmp_path / 'out')!r}]\n"
-        "runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "assert importlib.util.find_spec('launch') is None, 'the repo is still importable'\n"
+        "sys.path.insert(0, '')\n"  # what `python -m` does: the working directory first
+        f"sys.argv = ['launch', 'docs/experiment-h200/plan.yaml', 'train', '--work', {str(tmp_path / 'w')!r}, "
+        f"'--out', {str(tmp_path / 'out')!r}]\n"
+        "runpy.run_module('launch', run_name='__main__', alter_sys=True)\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", boot], cwd=tmp_path, env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", boot], cwd=ROOT, env=env, capture_output=True, text=True)
     assert "ModuleNotFoundError" not in proc.stderr and "the repo is still importable" not in proc.stderr
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert f"error: {work / 'base'}: no complete build" in proc.stderr
+    assert f"error: {tmp_path / 'w' / 'base'}: no complete build" in proc.stderr
 
 
 def test_throughput_from_steps_jsonl(tmp_path):
@@ -87,7 +91,7 @@ def test_throughput_from_steps_jsonl(tmp_path):
     ]  # fmt: skip
     (tmp_path / "results").mkdir()
     (tmp_path / "results/steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    t = h200.throughput(tmp_path)
+    t = throughput_of(tmp_path)
     a, w = t["all"], t["warm"]
     assert a["steps"] == 2 and a["seconds"]["step_total"] == 25.0  # grade_lost is inside grade
     assert a["steps_per_s"] == pytest.approx(2 / 25)
@@ -116,30 +120,48 @@ def test_the_committed_h200_result_recreates_its_report_from_the_committed_runs(
     assert numbers((tmp_path / "report.md").read_text()) == numbers(committed)
 
 
+def test_the_plan_report_recomputes_the_committed_comparison_and_throughput():
+    # the launcher's report stage from the plan alone: compare's report (but the device's run paths) and the
+    # throughput rows of the summary the device wrote
+    text = report(PLAN)
+    committed = (ROOT / "docs/experiment-h200/result/comparisons/S2_vs_S0/report.md").read_text()
+
+    def numbers(report: str) -> list[str]:
+        return [line for line in report.splitlines() if line.startswith("|") and "run directory" not in line]
+
+    compared, throughput = text.split("### Throughput", 1)
+    assert numbers(compared) == numbers(committed)
+    summary = (ROOT / "docs/experiment-h200/result/summary.md").read_text()
+    rows = [line.split(" | ", 1)[1] for line in summary.splitlines() if line.startswith(("| S0 (", "| S2 ("))]
+    assert len(rows) == 4 and rows == [
+        line.split(" | ", 1)[1] for line in throughput.splitlines() if line.startswith(("| S0 (", "| S2 ("))
+    ]
+
+
 @pytest.mark.slow
-def test_smoke_run_builds_trains_both_arms_compares_and_packs_without_weights(tmp_path):
+def test_smoke_run_trains_both_arms_resumably_and_packs_without_weights(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
-    cmd = [sys.executable, str(ROOT / "bench/h200_experiment.py"), "all", "--smoke"]
-    proc = subprocess.run([*cmd, "--work", str(work), "--out", str(out)], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    files = sorted(p.name for p in out.iterdir())
-    assert len(files) <= 8 and "h200-experiment.tar.gz" in files  # what the device machine returns
-    manifest = json.loads((out / "tiny_base.json").read_text())
-    assert manifest["config"]["layer_types"][3] == "full_attention" and manifest["config"]["sft_steps"] == 3
-    assert json.loads((out / "base_report.json").read_text())["cap"] == h200.SMOKE_CAP
-    with tarfile.open(out / "h200-experiment.tar.gz") as tar:
+    plan = str(ROOT / "docs/experiment-h200/plan.yaml")
+    for stage in ("base", "train"):
+        cmd = [sys.executable, "-m", "launch", plan, stage, "--smoke", "--work", str(work), "--out", str(out)]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(list(out.iterdir())) <= 8  # what the device machine returns
+    with tarfile.open(out / "h200.tar.gz") as tar:
         names = tar.getnames()
         steps = {
-            arm: [json.loads(x) for x in tar.extractfile(f"h200-experiment/runs/{arm}/results/steps.jsonl")]
-            for arm in h200.ARMS
+            arm: [json.loads(x) for x in tar.extractfile(f"h200/runs/{arm}/results/steps.jsonl")]
+            for arm in PLAN.arms
         }
     assert not [n for n in names if n.endswith(".safetensors")]
-    assert "h200-experiment/comparisons/S2_vs_S0/report.md" in names
-    for arm in h200.ARMS:
+    for arm in PLAN.arms:
         assert [r["step"] for r in steps[arm]] == [1, 2]
-        assert {f"h200-experiment/runs/{arm}/results/eval_step00{s}.jsonl" for s in (0, 1, 2)} <= set(names)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["compared_step"] == 2 and not summary["stopped"]
-    s0 = summary["throughput"]["S0"]["all"]
-    generate = sum(r["seconds"]["generate"] for r in steps["S0"])
-    assert s0["generation_share"] == pytest.approx(generate / s0["seconds"]["step_total"], rel=1e-3)
+        assert {f"h200/runs/{arm}/results/eval_step00{s}.jsonl" for s in (0, 1, 2)} <= set(names)
+    # a second train call finds every run finished and starts none
+    again = subprocess.run([sys.executable, "-m", "launch", plan, "train", "--smoke", "--work", str(work), "--out",
+                            str(out)], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert again.returncode == 0 and "started" not in again.stdout and "2 of 2 runs at step 2" in again.stdout
+    text = subprocess.run([sys.executable, "-m", "launch", plan, "report", "--results", str(work / "runs")], cwd=ROOT,
+                          capture_output=True, text=True).stdout  # fmt: skip
+    assert "### Primary: S2 − S0, heldout300, step 2, PLAN.md's deviation step" in text
+    assert "| S0 outcome | S0 → S2 correct |" in text

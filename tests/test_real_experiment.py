@@ -1,4 +1,5 @@
-"""docs/experiment-real/: every number of its README recomputes from the committed rows."""
+"""docs/experiment-real/: every number of its README recomputes from the committed rows, through the launcher's
+report stage and docs/experiment-real/plan.yaml (launch/)."""
 
 import json
 import shutil
@@ -7,6 +8,10 @@ from pathlib import Path
 import pytest
 
 from analysis.compare import main as compare_main
+from launch.base import at_cap, cell_tasks, choose
+from launch.plan import load
+from launch.report import Launch, arm_trajectory, primary, report
+from launch.runs import fitting
 from rundir.archive import unpack
 from rundir.files import read_jsonl
 
@@ -14,30 +19,34 @@ REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs/experiment-real"
 
 
-def _bench():
-    import importlib.util
+PLAN = load(DOCS / "plan.yaml")
 
-    spec = importlib.util.spec_from_file_location("real_experiment", REPO / "bench/real_experiment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+
+def _launch(where: Path) -> Launch:
+    return Launch(PLAN, where)
 
 
 def test_the_readme_tables_are_what_the_report_command_prints():
     readme = (DOCS / "README.md").read_text()
     block = readme.split("<!-- report -->\n", 1)[1].split("<!-- /report -->", 1)[0]
-    assert block == _bench().report(DOCS)
+    assert block == report(PLAN)
 
 
 def test_the_base_report_recomputes_from_its_rows_and_the_rule_gives_the_committed_choice():
-    bench = _bench()
-    report = json.loads((DOCS / "base/base_report.json").read_text())
-    for cell in report["cells"]:
+    committed = json.loads((DOCS / "base/base_report.json").read_text())
+    for cell in committed["cells"]:
         name = f"base_rows_{cell['family']}_{cell['prompt']}_T{cell['temperature']}.jsonl"
         rows = read_jsonl(DOCS / "base" / name)  # from base/rows.tar.xz
-        assert [bench.at_cap(rows, k["cap"]) for k in cell["caps"]] == cell["caps"]
+        assert [at_cap(rows, k["cap"]) for k in cell["caps"]] == cell["caps"]
+    # the plan's grid is the one measured, and its rule gives the committed choice
+    assert [(c["tasks"], c["prompt"], c["temperature"]) for c in PLAN.base_report.cells] == [
+        (cell_tasks(c), c["prompt"], c["temperature"]) for c in committed["cells"]
+    ]
+    assert list(PLAN.base_report.caps) == [k["cap"] for k in committed["cells"][0]["caps"]]
     choice = json.loads((DOCS / "base/choice.json").read_text())
-    assert bench.choose(report["cells"]) == {k: v for k, v in choice.items() if k != "snapshot_sha256"}
+    chosen = choose(committed["cells"], PLAN.base_report.rule)
+    assert chosen.pop("tasks") == choice.pop("family")
+    assert chosen == {k: v for k, v in choice.items() if k != "snapshot_sha256"}
 
 
 def test_every_run_started_after_the_plan_was_committed():
@@ -61,39 +70,38 @@ def test_every_run_started_after_the_plan_was_committed():
 
 def test_launch4_evaluated_no_step_after_0_in_every_run():
     """What the README's 'no arm-level test' rests on: PLAN.md's deviation step for launch 4 is step 0."""
-    assert _bench().common_step(DOCS / "launch4") == 0
+    assert _launch(DOCS / "launch4").common_step() == 0
 
 
 def test_the_primary_block_is_analysis_compare_seed_level_test(tmp_path):
     """The code that reports PLAN.md's primary once a launch gets there, on six seed pairs that did (the embedded
     seeds6 runs, renamed as a launch's): its table is compare's, the same numbers as the published report."""
-    bench, seeds6 = _bench(), REPO / "docs/experiment-embedded/seeds6"
+    seeds6, lx = REPO / "docs/experiment-embedded/seeds6", _launch(tmp_path)
     seeds6 = unpack(seeds6, tmp_path / "seeds6")  # rows out of rows.tar.xz
-    for arm in bench.ARMS:
-        for seed in bench.SEEDS:
+    for arm in PLAN.arms:
+        for seed in PLAN.seeds:
             shutil.copytree(seeds6 / f"runs/{arm}-s{seed}", tmp_path / f"smollm2-{arm}-s{seed}")
-    assert bench.common_step(tmp_path) == 10
-    block = bench.primary_block(tmp_path)
+    assert lx.common_step() == 10
+    block = primary(lx)
     published = (seeds6 / "S2_vs_S0/report.md").read_text()
-    primary = next(line for line in published.splitlines() if line.startswith("| heldout300 (primary) |"))
-    assert (
-        "step 10, PLAN.md's deviation step, seeds 0, 1, 2, 3, 4, 5" in block and primary in block.splitlines()
-    )
+    row = next(line for line in published.splitlines() if line.startswith("| heldout300 (primary) |"))
+    assert "step 10, PLAN.md's deviation step, seeds 0, 1, 2, 3, 4, 5" in block and row in block.splitlines()
     assert "Sensitivity" not in block  # no run failed there
-    table = bench.arm_trajectory(tmp_path).splitlines()
+    table = arm_trajectory(lx, "fixed32").splitlines()
     assert [row.split(" | ")[0] for row in table[2:]] == ["| 0", "| 5", "| 10"]
 
 
 def test_launch6_leaves_the_failed_runs_seed_out_and_compares_at_step_20():
     """PLAN.md's rules on launch 6's rows: S0-s1 logged a NaN gradient norm at step 12 (a failed run), so seed 1's
     pair leaves the seed-level test; the other ten runs all evaluated step 20; all twelve, step 10."""
-    bench, launch = _bench(), DOCS / "launch6"
-    assert [r.name for r in sorted(launch.glob("smollm2-*")) if r.is_dir() and bench.failed(r)] == [
+    launch = DOCS / "launch6"
+    lx = _launch(launch)
+    assert [r.name for r in sorted(launch.glob("smollm2-*")) if r.is_dir() and lx.failed(r)] == [
         "smollm2-S0-s1"
     ]
-    assert bench.tested_seeds(launch) == (0, 2, 3, 4, 5)
-    assert bench.common_step(launch, (0, 2, 3, 4, 5)) == 20 and bench.common_step(launch) == 10
-    block = bench.primary_block(launch)
+    assert lx.tested_seeds() == (0, 2, 3, 4, 5)
+    assert lx.common_step((0, 2, 3, 4, 5)) == 20 and lx.common_step() == 10
+    block = primary(lx)
     assert "### Primary: S2 − S0, heldout300, step 20, PLAN.md's deviation step, seeds 0, 2, 3, 4, 5" in block
     assert "### Sensitivity, every seed (not the primary): S2 − S0, heldout300, step 10" in block
 
@@ -102,13 +110,14 @@ def test_launch7_tests_every_seed_at_step_30_and_its_skipped_updates_are_not_fai
     """PLAN.md amendment 3 on launch 7's rows: every run reached step 30; S2-s5's steps 11 and 12 had a NaN
     gradient norm with finite micro-batch losses and applied no update, so no run failed and all six seed
     pairs enter the primary at the plan's step 30 (no deviation, no sensitivity reading)."""
-    bench, launch = _bench(), DOCS / "launch7"
-    assert not any(bench.failed(r) for r in launch.glob("smollm2-*") if r.is_dir())
-    assert bench.tested_seeds(launch) == bench.SEEDS and bench.common_step(launch) == 30
+    launch = DOCS / "launch7"
+    lx = _launch(launch)
+    assert not any(lx.failed(r) for r in launch.glob("smollm2-*") if r.is_dir())
+    assert lx.tested_seeds() == PLAN.seeds and lx.common_step() == 30
     rows = read_jsonl(launch / "smollm2-S2-s5/results/steps.jsonl")
     assert [r["step"] for r in rows if r["update_skipped"]] == [11, 12]
     assert all(r["nonfinite_losses"] == 0 for r in rows)
-    block = bench.primary_block(launch)
+    block = primary(lx)
     assert block.startswith("### Primary: S2 − S0, heldout300, step 30, seeds 0, 1, 2, 3, 4, 5\n")
     assert "Sensitivity" not in block
 
@@ -140,12 +149,39 @@ def test_the_seed0_comparison_recomputes(tmp_path):
 
 
 def test_runs_at_a_time_fit_the_gpu_at_the_leaders_measured_memory(monkeypatch):
-    real_experiment = _bench()
-    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: (9000.0, 143771.0))
-    assert real_experiment.fitting(12, 1) == 12  # 0.9 x 143771 / 9000 = 14.4: all twelve fit
-    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: (15000.0, 143771.0))
-    assert real_experiment.fitting(12, 1) == 8
-    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: (200000.0, 143771.0))
-    assert real_experiment.fitting(12, 1) == 1  # never none
-    monkeypatch.setattr(real_experiment, "gpu_memory_mib", lambda pid: None)  # no nvidia-smi: as asked
-    assert real_experiment.fitting(5, 1) == 5
+    import launch.runs as runs
+
+    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: (9000.0, 143771.0))
+    assert fitting(12, 1) == 12  # 0.9 x 143771 / 9000 = 14.4: all twelve fit
+    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: (15000.0, 143771.0))
+    assert fitting(12, 1) == 8
+    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: (200000.0, 143771.0))
+    assert fitting(12, 1) == 1  # never none
+    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: None)  # no nvidia-smi: as asked
+    assert fitting(5, 1) == 5
+
+
+def test_the_decomposition_of_launch7s_lead_adds_up_to_it_and_is_what_issue_45_read():
+    """The pre-registered split (launch/report.py `decomposition`) on launch 7 at step 30: the net per cause adds up
+    to S2 − S0 on heldout300 counted from the scores; no pair goes from S0 truncated to S2 correct, and about three
+    quarters of the +2.4 pp lead come from S0 format-rejected (issue 45)."""
+    from launch.report import decomposition, peak
+    from rundir.files import Run
+
+    lx = _launch(DOCS / "launch7")
+    table = {
+        row.split(" | ")[0][2:]: row.split(" | ")[1:]
+        for row in decomposition(lx).splitlines()
+        if row.startswith("| ")
+    }
+    net = {cause: float(table[cause][2].rstrip(" |")) for cause in ("truncated", "format_rejected", "wrong")}
+    correct = {
+        a: sum(Run(lx.dir(a, s)).score(30, "heldout300").rate("correct") for s in PLAN.seeds)
+        for a in PLAN.arms
+    }
+    assert sum(net.values()) == pytest.approx(
+        100 * (correct["S2"] - correct["S0"]) / len(PLAN.seeds), abs=0.02
+    )
+    assert table["truncated"][:2] == ["0", "0"] and 0.7 < net["format_rejected"] / sum(net.values()) < 0.8
+    declines = [row.split(" | ")[-1] for row in peak(lx).splitlines() if row.startswith(("| S0", "| S2"))]
+    assert declines == ["+0.0 |", "+0.0 |"]  # neither arm declines from a peak by step 30

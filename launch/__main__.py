@@ -1,0 +1,82 @@
+"""python -m launch PLAN STAGE [--work W] [--out O] [--budget-s S] [--smoke]: one experiment from its plan file.
+
+    base    build the base, write the snapshots, measure the base on the plan's grid, apply its rule (choice.json)
+    train   start or resume every arm x seed, in parallel on the one GPU, until done or --budget-s; pack
+    report  print the report computed from the plan and the committed rows under the plan's `results`
+    unpack  --archive A --into DIR: a train stage's archive into a new docs folder
+
+--smoke runs base and train at CPU sizes with the shipped tiny embedded base (tests). Exit 1 with one line on
+any refusal. docs/launch.md: the plan's fields and the GPU command lines.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from launch.plan import ROOT, load
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launch", description=__doc__.splitlines()[0])
+    ap.add_argument("plan", type=Path)
+    ap.add_argument("stage", choices=("base", "train", "report", "unpack"))
+    ap.add_argument("--work", type=Path, default=None, help="default artifacts/<plan name>")
+    ap.add_argument("--out", type=Path, default=None, help="what comes back (default $OUT, else <work>/out)")
+    ap.add_argument(
+        "--gguf", type=Path, default=None, help="a packaged base's GGUF (default: the installed one)"
+    )
+    ap.add_argument("--budget-s", type=float, default=None, help="train: default the plan's budget.train_s")
+    ap.add_argument("--parallel", type=int, default=None, help="train: runs at a time (default the plan's)")
+    ap.add_argument("--smoke", action="store_true", help="CPU sizes, the tiny embedded base")
+    ap.add_argument(
+        "--results", type=Path, default=None, help="report: rows from here, not the plan's results"
+    )
+    ap.add_argument("--archive", type=Path)
+    ap.add_argument("--into", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        plan = load(args.plan)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
+        return 1
+    work = (args.work or ROOT / "artifacts" / plan.name).resolve()
+    out = args.out or Path(os.environ.get("OUT") or work / "out")
+    try:
+        if args.stage == "report":
+            from launch.report import report
+
+            print(report(plan, args.results), end="")
+            return 0
+        if args.stage == "unpack":
+            from launch.runs import unpack
+
+            return unpack(plan, args.archive, args.into)
+        if args.stage == "base":
+            from launch.base import run_base_report
+            from launch.runs import pack
+
+            if plan.base_report is None:
+                from launch.base import build_base
+
+                build_base(plan, work, None, args.smoke, args.gguf)
+            else:
+                run_base_report(plan, work, args.smoke, args.gguf)
+            for name in ("base_report.md", "choice.json"):
+                if (work / name).is_file():
+                    out.mkdir(parents=True, exist_ok=True)
+                    (out / name).write_bytes((work / name).read_bytes())
+            pack(plan, work, out)
+            return 0
+        from launch.runs import train
+
+        return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel)
+    except SystemExit as e:
+        if e.code in (None, 0) or isinstance(e.code, int):
+            raise
+        print(e.code, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

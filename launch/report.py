@@ -1,0 +1,435 @@
+"""The report, computed from the plan and the committed rows: the plan's `report` lists its sections in order.
+
+Rows are read only through rundir.files (Run, read_jsonl), so a launch folder may hold them plain or archived.
+Section kinds (each a function below, `launch` a folder under the plan's `results`):
+  primary           the plan's primary comparison by the seed-level test (analysis.compare), at the last step
+                    every tested seed evaluated; with a sensitivity reading over every seed if a run failed
+  outcome_by_seed   S2 - S0 in one outcome's share of the primary set, per seed, with the exact sign-flip test
+  arm_trajectory    per arm and evaluated step, means over the tested seeds (accuracy, unresolved, length,
+                    entropy, median sampled-token log-prob): the decomposition's per-step part
+  secondary         a secondary comparison (set, step, cap) by the seed-level test
+  peak              per arm: the step of the peak mean primary accuracy and the decline from it
+  decomposition     the S2 - S0 lead at the compared step split by what S0 did on each paired sample
+  compare           analysis.compare's whole report (report.md) at the last step both arms evaluated
+  throughput        per run: steps/s, tokens/s, generation share, from steps.jsonl's `seconds`
+  launch_status     per run: steps logged, updates skipped, steps evaluated
+  reproduction      run by run, how far `launch` repeats `against`
+  seed_table        the sampled training rollouts' shares at one step per seed
+  timing            one run's seconds per phase at every step
+  trajectory        one seed per arm at every evaluated step
+"""
+
+import math
+import statistics
+import tempfile
+from pathlib import Path
+
+from launch.plan import ROOT, SECTION_KINDS, Plan
+from rundir import archive
+from rundir.files import Run, read_jsonl, steps_path
+
+
+def _steps(run: Path) -> list[dict]:
+    return read_jsonl(steps_path(run)) if archive.exists(steps_path(run)) else []  # published: in rows.tar.xz
+
+
+class Launch:
+    """One launch's run folders as the plan names them."""
+
+    def __init__(self, plan: Plan, where: Path):
+        self.plan, self.where = plan, where
+        self.arms = plan.arms
+        self.seeds = plan.seeds if plan.seeds is not None else (None,)
+        self.set = plan.primary["set"]
+
+    def dir(self, arm: str, seed: int | None) -> Path:
+        name = (
+            self.plan.run_name.format(arm=arm)
+            if seed is None
+            else self.plan.run_name.format(arm=arm, seed=seed)
+        )
+        return self.where / name
+
+    def failed(self, run: Path) -> bool:
+        """A run whose training applied a non-finite gradient (its weights went NaN); a step whose update was
+        skipped (`nonfinite_gradient: skip`) is not a failure."""
+        return any(
+            not math.isfinite(r.get("grad_norm", 0.0)) and not r.get("update_skipped") for r in _steps(run)
+        )
+
+    def tested_seeds(self) -> tuple:
+        """The plan's deviation rule: a failed run's seed pair leaves the seed-level test."""
+        return tuple(s for s in self.seeds if not any(self.failed(self.dir(a, s)) for a in self.arms))
+
+    def common_step(self, seeds: tuple | None = None) -> int:
+        """The last step every run of `seeds` (every arm) evaluated: the plan's step, or its deviation step."""
+        evaluated = [set(Run(self.dir(a, s)).evaluated()) for a in self.arms for s in (seeds or self.seeds)]
+        return max(set.intersection(*evaluated))
+
+
+def comparison_block(lx: Launch, seeds: tuple, title: str) -> str:
+    from analysis.compare import compare_runs
+    from analysis.report import headline, seed_headline
+
+    step = lx.common_step(seeds)
+    control, arm = lx.arms[0], lx.arms[1]
+    runs = {a: ",".join(str(lx.dir(a, s)) for s in seeds) for a in (control, arm)}
+    with tempfile.TemporaryDirectory() as tmp:
+        c = compare_runs(runs[arm], runs[control], tmp, step_a=step, step_b=step, primary=lx.set)
+    deviation = "" if step == lx.plan.primary["step"] else ", PLAN.md's deviation step"
+    return (
+        f"### {title}: {arm} − {control}, {lx.set}, step {step}{deviation}, seeds {', '.join(map(str, seeds))}\n\n"
+        f"Seed-level test:\n\n{seed_headline(c)}\n\n"
+        f"Problem-level test, given these {2 * len(seeds)} checkpoints:\n\n{headline(c)}\n"
+    )
+
+
+def primary(lx: Launch) -> str:
+    seeds = lx.tested_seeds()
+    out = comparison_block(lx, seeds, "Primary")
+    if seeds != lx.seeds:
+        out += "\n" + comparison_block(lx, lx.seeds, "Sensitivity, every seed (not the primary)")
+    return out
+
+
+def secondary(lx: Launch, set: str, step: int | None = None, cap: int | None = None) -> str:
+    """A secondary comparison by the seed-level test: per tested seed, the arm's accuracy on `set` minus the
+    control's (at `cap`, default the runs' own), with the exact sign-flip test over the seeds."""
+    from analysis.stats import sign_flip_test
+
+    seeds, (control, arm) = lx.tested_seeds(), lx.arms
+    step = lx.common_step(seeds) if step is None else step
+    d = []
+    for s in seeds:
+        a, b = (Run(lx.dir(x, s)).score(step, set, cap) for x in (arm, control))
+        if a is None or b is None:
+            return f"{set} at step {step}{f', cap {cap}' if cap else ''}: not evaluated in every tested run\n"
+        d.append(100 * (a.accuracy - b.accuracy))
+    t = sign_flip_test(d)
+    return (f"{arm} − {control} on {set}, step {step}{f', cap {cap}' if cap else ''}, seeds "
+            f"{', '.join(map(str, seeds))}: per seed {', '.join(f'{x:+.1f}' for x in d)} pp; mean "
+            f"{statistics.mean(d):+.1f} pp, exact sign-flip p = {t.p_text()}\n")  # fmt: skip
+
+
+def outcome_by_seed(lx: Launch, steps: list[int], outcome: str = "format_rejected") -> str:
+    from analysis.stats import sign_flip_test
+
+    control, arm = lx.arms
+    lines = [f"| step | seeds | {arm} - {control} per seed (pp) | mean (pp) | SD (pp) | seeds with {arm} lower | "
+             "p (exact sign-flip) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for step in steps:
+        runs = {s: [Run(lx.dir(a, s)) for a in (arm, control)] for s in lx.seeds}
+        seeds = [s for s, pair in runs.items() if all(step in r.evaluated() for r in pair)]
+        d = [100 * (runs[s][0].score(step, lx.set).rate(outcome) - runs[s][1].score(step, lx.set).rate(outcome))
+             for s in seeds]  # fmt: skip
+        lines.append(f"| {step} | {', '.join(map(str, seeds))} | {', '.join(f'{x:+.1f}' for x in d)} | "
+                     f"{statistics.mean(d):+.1f} | {statistics.stdev(d):.1f} | {sum(x < 0 for x in d)} of {len(d)} | "
+                     f"{sign_flip_test(d).p_text()} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def arm_trajectory(lx: Launch, fixed: str) -> str:
+    """Per arm, the mean over the tested seeds at every evaluation step up to the compared one."""
+    seeds = lx.tested_seeds()
+    a, b = lx.arms
+    ab = f"{a} / {b}"
+    lines = [
+        f"| step | {lx.set} {ab} | {fixed} {ab} | format-rejected (heldout) {ab} | truncated (heldout) {ab} | "
+        f"median length {ab} | entropy {ab} | median logprob {ab} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def metrics(run: Run, rows: dict, step: int) -> list[float | None]:
+        held, fix, row = run.score(step, lx.set), run.score(step, fixed), rows.get(step, {})
+        return [100 * held.accuracy, 100 * fix.accuracy, 100 * held.rate("format_rejected"),
+                100 * held.rate("truncated"), held.median_tokens, row.get("entropy_mean"),
+                row.get("logprob_median")]  # fmt: skip
+
+    per_arm = {
+        arm: [(Run(lx.dir(arm, s)), {r["step"]: r for r in _steps(lx.dir(arm, s))}) for s in seeds]
+        for arm in lx.arms
+    }
+    formats = ("{:.1f}",) * 5 + ("{:.3f}",) * 2
+    for step in range(0, lx.common_step(seeds) + 1, int(lx.plan.eval["every"])):
+        means = {}
+        for arm, runs in per_arm.items():
+            columns = zip(*(metrics(run, rows, step) for run, rows in runs))
+            means[arm] = [None if None in col else statistics.mean(col) for col in columns]
+        cells = [
+            " / ".join("–" if means[arm][i] is None else fmt.format(means[arm][i]) for arm in lx.arms)
+            for i, fmt in enumerate(formats)
+        ]
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def peak(lx: Launch) -> str:
+    """Peak-then-decline per arm: the evaluated step of the highest mean primary-set accuracy over the tested
+    seeds, and how far the mean fell from it by the compared step."""
+    seeds = lx.tested_seeds()
+    last = lx.common_step(seeds)
+    lines = [f"| arm | peak step | peak {lx.set} | step {last} | decline (pp) |", "|---|---|---|---|---|"]
+    for arm in lx.arms:
+        runs = [Run(lx.dir(arm, s)) for s in seeds]
+        steps = sorted(set.intersection(*(set(r.evaluated()) for r in runs)))
+        mean = {
+            t: 100 * statistics.mean(r.score(t, lx.set).accuracy for r in runs) for t in steps if t <= last
+        }
+        top = max(mean, key=lambda t: (mean[t], -t))
+        lines.append(
+            f"| {arm} | {top} | {mean[top]:.1f} | {mean[last]:.1f} | {mean[last] - mean[top]:+.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def compare(lx: Launch) -> str:
+    """analysis.compare's whole report of the arm against the control at the last step both evaluated."""
+    from analysis.compare import compare_runs
+
+    control, arm = lx.arms
+    step = lx.common_step()
+    runs = {a: ",".join(str(lx.dir(a, s)) for s in lx.seeds) for a in (control, arm)}
+    with tempfile.TemporaryDirectory() as tmp:
+        compare_runs(runs[arm], runs[control], tmp, step_a=step, step_b=step, primary=lx.set)
+        return (Path(tmp) / "report.md").read_text()
+
+
+def throughput_of(run: Path) -> dict:
+    """Steps/s, tokens/s and the share of step time in generation, from steps.jsonl's `seconds`. Step time is
+    generate + grade + train + eval + save (`grade_lost` is part of grade); generated tokens are the sampled
+    rollouts' completion tokens; "warm" leaves out step 1, which pays the compilation of the decode step."""
+    rows = _steps(run)
+
+    def stats(rows: list[dict]) -> dict:
+        if not rows:
+            return {"steps": 0}
+        sec = {
+            k: sum(r["seconds"].get(k, 0.0) for r in rows)
+            for k in ("generate", "grade", "train", "eval", "save")
+        }
+        total = sum(sec.values())
+        generated = sum(sum(r["outcomes_sampled"].values()) * r["completion_length"]["mean"] for r in rows)
+        trained = sum(r["tokens_trained"] for r in rows)
+        return {
+            "steps": len(rows),
+            "seconds": {k: round(v, 2) for k, v in sec.items()} | {"step_total": round(total, 2)},
+            "steps_per_s": len(rows) / total,
+            "generated_tokens": round(generated),
+            "generated_tokens_per_s_of_generation": generated / max(sec["generate"], 1e-9),
+            "generated_tokens_per_s_of_step_time": generated / total,
+            "trained_tokens_per_s_of_train_time": trained / max(sec["train"], 1e-9),
+            "generation_share": sec["generate"] / total,
+            "generation_share_without_eval": sec["generate"] / max(total - sec["eval"], 1e-9),
+            "median_step_s": statistics.median(sum(r["seconds"].get(k, 0.0) for k in sec) for r in rows),
+            "sampling_rounds_mean": statistics.mean(r["groups"]["rounds"] for r in rows),
+            "sampled_per_trained_group": sum(r["groups"]["sampled"] for r in rows)
+            / max(1, sum(r["groups"]["trained"] for r in rows)),
+        }
+
+    return {"all": stats(rows), "warm": stats(rows[1:])}
+
+
+def throughput(lx: Launch) -> str:
+    lines = [
+        "| run | steps | steps/s | generated tok/s (generation) | generated tok/s (step) | trained tok/s | "
+        "generation share | without eval | median step s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in lx.arms:
+        for seed in lx.seeds:
+            t = throughput_of(lx.dir(arm, seed))
+            for part in ("all", "warm"):
+                s = t[part]
+                if s["steps"]:
+                    lines.append(
+                        f"| {lx.dir(arm, seed).name} ({part}) | {s['steps']} | {s['steps_per_s']:.3f} | "
+                        f"{s['generated_tokens_per_s_of_generation']:.0f} | {s['generated_tokens_per_s_of_step_time']:.0f} | "
+                        f"{s['trained_tokens_per_s_of_train_time']:.0f} | {s['generation_share']:.1%} | "
+                        f"{s['generation_share_without_eval']:.1%} | {s['median_step_s']:.2f} |"
+                    )
+    return "\n".join(lines) + "\n"
+
+
+def decomposition(lx: Launch) -> str:
+    """The pre-registered split of the lead at the compared step: over the tested seeds' paired samples (the
+    same problem and sample index in both arms of a seed), how many S2-correct/S0-not pairs come from S0
+    truncated, S0 format-rejected and S0 wrong, and the reverse; net = S2's gain minus its loss per cause."""
+    seeds = lx.tested_seeds()
+    step = lx.common_step(seeds)
+    control, arm = lx.arms
+    causes = ("truncated", "format_rejected", "wrong")
+    gain, loss, n = dict.fromkeys(causes, 0), dict.fromkeys(causes, 0), 0
+    for s in seeds:
+        rows = {a: {(r["task_id"], r["sample"]): r["outcome"] for _, r in Run(lx.dir(a, s)).rows(step)
+                    if r["set"] == lx.set} for a in (arm, control)}  # fmt: skip
+        for key, x in rows[arm].items():
+            y = rows[control].get(key)
+            if y is None:
+                continue
+            n += 1
+            if x == "correct" and y in gain:
+                gain[y] += 1
+            elif y == "correct" and x in loss:
+                loss[x] += 1
+    lines = [f"{n} paired samples ({lx.set}, step {step}, seeds {', '.join(map(str, seeds))})", "",
+             f"| {control} outcome | {control} → {arm} correct | {arm} → {control} correct (by {arm}'s outcome) | net (pp) |",
+             "|---|---|---|---|"]  # fmt: skip
+    for c in causes:
+        lines.append(f"| {c} | {gain[c]} | {loss[c]} | {100 * (gain[c] - loss[c]) / max(n, 1):+.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def launch_status(lx: Launch) -> str:
+    lines = ["| run | steps logged | updates skipped at steps | evaluated at steps |", "|---|---|---|---|"]
+    for arm in lx.arms:
+        for seed in lx.seeds:
+            run = lx.dir(arm, seed)
+            rows = _steps(run)
+            skipped = ", ".join(str(r["step"]) for r in rows if r.get("update_skipped")) or "none"
+            evaluated = ", ".join(map(str, Run(run).evaluated()))
+            lines.append(
+                f"| {run.name} | {max((r['step'] for r in rows), default=0)} | {skipped} | {evaluated} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def reproduction(lx: Launch, against: Launch, eval_steps: tuple[int, ...] = (0, 5, 10)) -> str:
+    head = " | ".join(f"same completions, step {s}" for s in eval_steps)
+    lines = [f"| run | identical leading training steps | {head} |", "|---" * (2 + len(eval_steps)) + "|"]
+    keys = ("outcomes_sampled", "task_ids_trained", "loss")
+    for arm in lx.arms:
+        for seed in lx.seeds:
+            a, b = lx.dir(arm, seed), against.dir(arm, seed)
+            same = 0
+            for x, y in zip(_steps(a), _steps(b)):
+                if any(x[k] != y[k] for k in keys):
+                    break
+                same += 1
+            cells = []
+            for step in eval_steps:
+                ra, rb = (read_jsonl(r / f"results/eval_step{step:03d}.jsonl") for r in (a, b))
+                cells.append(
+                    f"{sum(x['completion'] == y['completion'] for x, y in zip(ra, rb))} of {len(ra)}"
+                )
+            lines.append(f"| {a.name} | {same} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def seed_table(lx: Launch, step: int = 2) -> str:
+    from analysis.stats import sign_flip_test
+
+    control, arm = lx.arms
+    lines = [
+        f"| seed | format-rejected {control} | {arm} | {arm} - {control} (pp) | correct {control} | {arm} | "
+        f"{arm} - {control} (pp) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    diffs: dict[str, list[float]] = {"format_rejected": [], "correct": []}
+    for seed in lx.seeds:
+        cells = []
+        for outcome in diffs:
+            share = {}
+            for a in lx.arms:
+                row = next(r for r in _steps(lx.dir(a, seed)) if r["step"] == step)
+                share[a] = 100 * row["outcomes_sampled"][outcome] / sum(row["outcomes_sampled"].values())
+            diffs[outcome].append(share[arm] - share[control])
+            cells += [f"{share[control]:.1f}%", f"{share[arm]:.1f}%", f"{diffs[outcome][-1]:+.1f}"]
+        lines.append(f"| {seed} | " + " | ".join(cells) + " |")
+    summary = []
+    for outcome, d in diffs.items():
+        t = sign_flip_test(d)
+        summary.append(f"{outcome}: mean {statistics.mean(d):+.1f} pp, SD {statistics.stdev(d):.1f} pp over "
+                       f"{len(d)} seeds, exact sign-flip p = {t.p_text()} ({t.describe()})")  # fmt: skip
+    return "\n".join(lines) + "\n\n" + "\n".join(f"- {x}" for x in summary) + "\n"
+
+
+def timing(lx: Launch, run: str, fixed: str) -> str:
+    path = lx.where / run
+    r = Run(path)
+    lines = [f"| step | generate (s) | grade (s) | train (s) | eval (s) | {lx.set} | {fixed} | format-rejected "
+             "(heldout) |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in [{"step": 0, "seconds": {}}, *_steps(path)]:
+        sec, step = row["seconds"], row["step"]
+        held, fix = r.score(step, lx.set), r.score(step, fixed)
+        scores = (
+            [f"{held.accuracy:.1%}", f"{fix.accuracy:.1%}", f"{held.rate('format_rejected'):.1%}"]
+            if held
+            else ["–"] * 3
+        )
+        times = [f"{sec[k]:.1f}" if sec.get(k) else "–" for k in ("generate", "grade", "train", "eval")]
+        lines.append(f"| {step} | " + " | ".join(times + scores) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def trajectory(lx: Launch, fixed: str, seed: int = 0) -> str:
+    a, b = lx.arms
+    lines = [
+        f"| step | {a} {lx.set} | {b} {lx.set} | {a} {fixed} | {b} {fixed} | format-rejected on heldout {a} / {b} | "
+        f"median length {a} / {b} | entropy {a} / {b} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    runs = {arm: Run(lx.dir(arm, seed)) for arm in lx.arms}
+    entropy = {arm: {r["step"]: r["entropy_mean"] for r in _steps(run.dir)} for arm, run in runs.items()}
+    for step in sorted(set(runs[a].evaluated()) | set(runs[b].evaluated())):
+        cell = {}
+        for arm, run in runs.items():
+            held, fix = run.score(step, lx.set), run.score(step, fixed)
+            ent = entropy[arm].get(step)
+            cell[arm] = (
+                (f"{held.accuracy:.1%}", f"{fix.accuracy:.1%}", f"{held.rate('format_rejected'):.1%}",
+                 f"{held.median_tokens:g}", f"{ent:.3f}" if ent is not None else "–")
+                if held else ("–",) * 5
+            )  # fmt: skip
+        x, y = cell[a], cell[b]
+        lines.append(
+            f"| {step} | {x[0]} | {y[0]} | {x[1]} | {y[1]} | {x[2]} / {y[2]} | {x[3]} / {y[3]} | {x[4]} / {y[4]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def section(plan: Plan, where: Path, spec: dict) -> str:
+    spec = dict(spec)
+    kind, heading, level = spec.pop("kind"), spec.pop("heading", None), spec.pop("level", 3)
+    body_level = spec.pop("body_level", 3)  # of the headings a section writes itself (primary's)
+    lx = Launch(plan, where / spec.pop("launch", "."))
+    fixed = next((s for s in plan.eval["sets"] if s != plan.primary["set"]), plan.primary["set"])
+    against = Launch(plan, where / spec.pop("against")) if "against" in spec else None
+    sections = {
+        "primary": lambda: primary(lx),
+        "secondary": lambda: secondary(lx, **spec),
+        "outcome_by_seed": lambda: outcome_by_seed(lx, **spec),
+        "arm_trajectory": lambda: arm_trajectory(lx, fixed),
+        "peak": lambda: peak(lx),
+        "decomposition": lambda: decomposition(lx),
+        "compare": lambda: compare(lx),
+        "throughput": lambda: throughput(lx),
+        "launch_status": lambda: launch_status(lx),
+        "reproduction": lambda: reproduction(lx, against, **spec),
+        "seed_table": lambda: seed_table(lx, **spec),
+        "timing": lambda: timing(lx, spec["run"], fixed),
+        "trajectory": lambda: trajectory(lx, fixed, **spec),
+    }
+    assert sections.keys() == set(SECTION_KINDS), "launch/plan.py SECTION_KINDS names every section here"
+    body = sections[kind]()
+    body = body.replace("### ", "#" * body_level + " ") if body_level != 3 else body
+    if heading is None:
+        return body
+    seeds = ", ".join(map(str, lx.tested_seeds()))
+    return "#" * level + " " + heading.format(seeds=seeds) + "\n\n" + body
+
+
+# what a fresh launch's rows get (`--results`, the smoke test): the pre-registered primary and decomposition
+STANDARD = (
+    {"kind": "primary"},
+    {"kind": "decomposition", "heading": "Decomposition of the lead (pre-registered)"},
+    {"kind": "arm_trajectory", "heading": "Per arm, mean over seeds {seeds}, every evaluation"},
+    {"kind": "peak", "heading": "Peak then decline, per arm"},
+    {"kind": "launch_status", "heading": "How far each run got"},
+)
+
+
+def report(plan: Plan, where: Path | None = None) -> str:
+    """Every section of the plan's report, in order, from the rows under plan.results; or the STANDARD
+    sections of the runs directly under `where` (a launch not yet committed)."""
+    sections = plan.report if where is None else STANDARD
+    return "\n".join(section(plan, where or ROOT / plan.results, s) for s in sections)

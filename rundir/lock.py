@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import socket
+import time
 from pathlib import Path
 
 LOCK_FILE = ".lock"
@@ -53,7 +54,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = _read_pid(fd)
+                holder = _holder_pid(fd)
                 os.close(fd)
                 self._remove_made_dir()
                 raise RunLockedError(
@@ -68,6 +69,9 @@ class RunLock:
             if same:
                 break
             os.close(fd)
+        # nothing but our lock file inside: this launch's directory to clean up, whoever made it (of two launches
+        # racing on a new directory, the one that made it may lose the lock, and then cannot remove it)
+        self._made_dir = self._made_dir or all(p.name == LOCK_FILE for p in self.dir.iterdir())
         if (previous := _read_pid(fd)) and previous != os.getpid():
             logger.warning(
                 "%s: taking over the lock left by pid %d, which is no longer running", self.dir, previous
@@ -98,6 +102,15 @@ class RunLock:
 
     def __exit__(self, *exc_info) -> None:
         self.release()
+
+
+def _holder_pid(fd: int, wait_s: float = 1.0) -> int | None:
+    """The holder's pid, waiting a moment for it: a holder writes it right after its flock, and a refusal read
+    in between would say "pid ?"."""
+    deadline = time.monotonic() + wait_s
+    while (pid := _read_pid(fd)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
 
 
 def _read_pid(fd: int) -> int | None:

@@ -172,16 +172,27 @@ def remove_interrupted_saves(parent: Path) -> list[Path]:
         if m and f.is_file() and (int(m[2]) == os.getpid() or not _alive(int(m[2]))):
             f.unlink(missing_ok=True)
             removed.append(f)
+    put_back_replaced(parent)
     for d in sorted(Path(parent).glob(".*.*-*")):
         m = _INTERRUPTED.fullmatch(d.name)
         if not m or not d.is_dir() or (int(m[3]) != os.getpid() and _alive(int(m[3]))):
             continue
-        if m[2] == "old" and not (d.parent / m[1]).exists():
-            os.replace(d, d.parent / m[1])
-            continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
     return removed
+
+
+def put_back_replaced(parent: Path) -> list[Path]:
+    """`.NAME.old-<pid>/` of a dead process put back as NAME where NAME is missing: a kill between
+    install_dir's two renames. Done before a resume judges the states, or the newest good one looks broken."""
+    restored = []
+    for d in sorted(Path(parent).glob(".*.old-*")):
+        m = _INTERRUPTED.fullmatch(d.name)
+        if m and m[2] == "old" and d.is_dir() and not (d.parent / m[1]).exists():
+            if int(m[3]) == os.getpid() or not _alive(int(m[3])):
+                os.replace(d, d.parent / m[1])
+                restored.append(d.parent / m[1])
+    return restored
 
 
 def _pack(tensors: dict[str, torch.Tensor], shard_bytes: int) -> tuple[list[dict], dict]:

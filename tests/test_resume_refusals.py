@@ -424,3 +424,18 @@ def test_resume_trains_in_the_runs_recorded_micro_batches(inputs, monkeypatch):
     )
     accepted(inputs, "--resume", str(run))
     assert adopted == [recorded]
+
+
+@pytest.mark.parametrize("name", ["step003", "state003"])
+def test_a_kill_inside_a_resave_is_put_back_before_the_states_are_judged(inputs, caplog, name):
+    """Issue 49: a kill between the two renames of a re-save leaves `.step003.old-<pid>/` and no step003/;
+    the resume refused state003 as broken (and offered --resume-fallback, which throws the newest good state
+    away) because the put-back ran only after the states were judged."""
+    run = make_run(inputs)
+    dead = 2**22 + 12345  # above any pid this machine hands out (pid_max 4194304)
+    (run / name).rename(run / f".{name}.old-{dead}")
+    (run / f".{name}.tmp-{dead}").mkdir()  # the new copy that was being installed
+    with caplog.at_level(logging.WARNING):
+        accepted(inputs, "--resume", str(run))
+    assert (run / name).is_dir() and not (run / f".{name}.old-{dead}").exists()
+    assert f"{run / name}: put back" in caplog.text and "skipping a broken state" not in caplog.text

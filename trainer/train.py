@@ -46,7 +46,7 @@ from rundir.run_json import (
     versions,
     write_run_json,
 )
-from rundir.state import StateError, remove_interrupted_saves
+from rundir.state import StateError, put_back_replaced, remove_interrupted_saves
 from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
@@ -186,6 +186,11 @@ def check_launch(args: CapGRPOConfig, model_args: ModelConfig) -> Launch:
                 )
         return Launch(callbacks, snapshot, None, None)
     event = resume_event(run_dir, args, model_args, snapshot)
+    if args.process_index == 0:  # a kill inside a re-save left `.stepNNN.old-<pid>/`: back before judging
+        for restored in put_back_replaced(run_dir):
+            logger.warning("%s: put back (a re-save was interrupted between its two renames)", restored)
+    if args.world_size > 1:
+        PartialState().wait_for_everyone()
     resume = load_resume_state(run_dir, args)
     if resume.state is not None:
         refuse_unsaved_state(callbacks, resume.meta.get("callbacks"))

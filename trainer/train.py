@@ -266,13 +266,15 @@ def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resum
     saving (CheckpointCallback), whose duration the next row reports. The recipe's callbacks come first, so
     one that stops training in on_step_end or on_log has its last step saved."""
     saver = CheckpointCallback(trainer, run_dir, base_dir=base)
-    trainer.add_callback(StopOnSignal(trainer.accelerator))  # SIGTERM/SIGUSR1: this step saved, then stop
+    stop = StopOnSignal(trainer.accelerator)
+    trainer.add_callback(stop)  # SIGTERM/SIGUSR1: this step saved, then stop
     skip = trainer.args.nonfinite_gradient == "skip"
     trainer.add_callback(NonFiniteGradientGuard(trainer, skip))  # a NaN gradient: stop, or skip its update
     trainer.add_callback(StepsLog(trainer, run_dir, eval_callback=eval_cb, checkpoint_callback=saver))
     if eval_cb is not None:
         trainer.add_callback(eval_cb)
     trainer.add_callback(saver)
+    trainer.add_callback(stop.after_save())  # a notice during a checkpoint step's save: stop there
     if (
         resume is not None and resume.state is not None
     ):  # last: after BEMA's on_train_begin builds its buffers

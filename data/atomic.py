@@ -64,9 +64,10 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
+        full = disk_full(path, len(data)) if is_disk_full(e) else None  # free space before the temp goes
         Path(tmp).unlink(missing_ok=True)
-        if is_disk_full(e):
-            raise disk_full(path, len(data)) from None
+        if full:
+            raise full from None
         raise
     return path
 

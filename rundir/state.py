@@ -119,9 +119,10 @@ def save_state(
         _write(tmp / SEAL, _seal_bytes(descriptor_bytes))
         _fsync_dir(tmp)
     except BaseException as e:
+        full = disk_full(target, needed) if is_disk_full(e) else None  # the free space as the save met it
         shutil.rmtree(tmp, ignore_errors=True)  # a failed save leaves nothing behind, the disk as it was
-        if is_disk_full(e):
-            raise disk_full(target, needed) from None
+        if full:
+            raise full from None
         raise
     install_dir(tmp, target)
     return target

@@ -126,6 +126,30 @@ def test_an_atomic_write_on_a_full_disk_names_the_path_and_keeps_the_old_file(tm
     ]
 
 
+def test_a_full_disk_reports_the_free_space_the_write_met(tmp_path, monkeypatch):
+    """Issue 49: the free space was measured after the partial file was removed ("400 KB short" on a disk that
+    was full when the write failed): it is measured while the partial file still holds its bytes."""
+    import shutil
+    from collections import namedtuple
+
+    usage, real_fdopen = namedtuple("usage", "total used free"), os.fdopen
+
+    def disk_usage(path):  # a disk whose free space the temp file took
+        partial = any(p.name.startswith(".README.md.tmp-") for p in tmp_path.iterdir())
+        return usage(10**6, 10**6, 0 if partial else 400_000)
+
+    def full(fd, mode):
+        f = real_fdopen(fd, mode)
+        f.write = lambda data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "No space left on device"))
+        return f
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(os, "fdopen", full)
+    with pytest.raises(DiskFullError, match=r"it needs 23 bytes and 0 are free"):
+        write_atomic(tmp_path / "README.md", b"a new card of 23 bytes.")
+    assert list(tmp_path.iterdir()) == []  # the partial file is gone all the same
+
+
 def test_the_lock_leaves_nothing_behind_and_refuses_a_second_holder(tmp_path):
     run = tmp_path / "runs" / "S2"
     with RunLock(run) as lock:

@@ -161,9 +161,10 @@ def save_weights(trainer, target: Path) -> None:
                 f.chmod(FILE_MODE)  # safetensors' writer leaves model.safetensors private (0600)
         write_manifest(tmp)
     except BaseException as e:
+        full = disk_full(target, needed) if is_disk_full(e) else None  # the free space as the save met it
         shutil.rmtree(tmp, ignore_errors=True)
-        if is_disk_full(e):
-            raise disk_full(target, needed) from None
+        if full:
+            raise full from None
         raise
     finally:
         model.config.dtype = dtype

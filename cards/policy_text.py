@@ -33,11 +33,14 @@ def describe_treatment(t: Treatment, failure_reward: float) -> str:
     return f"in the loss: {t.loss}, in the normaliser: {t.normaliser}, in the baseline: {t.baseline}"
 
 
+def truncated_reward(policy: CapPolicy) -> float:
+    return policy.failure_reward if policy.truncation_reward is None else policy.truncation_reward
+
+
 def describe_policy(policy: CapPolicy) -> dict[str, str]:
     """The cards' prose for a policy, derived from its row of the table in trainer/arms.py."""
-    truncated, rejected = (
-        describe_treatment(t, policy.failure_reward) for t in (policy.truncated, policy.format_rejected)
-    )
+    truncated = describe_treatment(policy.truncated, truncated_reward(policy))
+    rejected = describe_treatment(policy.format_rejected, policy.failure_reward)
     unresolved = (
         truncated
         if truncated == rejected
@@ -50,6 +53,11 @@ def describe_policy(policy: CapPolicy) -> dict[str, str]:
         "all": "every group trains (no dynamic sampling; a group whose rewards are all equal has advantage 0)",
     }[policy.gate]
     reward = f"1 for correct, {policy.failure_reward:g} for any other gradeable outcome"
+    if policy.truncation_reward is not None:
+        reward = (
+            f"1 for correct, {policy.truncation_reward:g} for a truncated rollout (a stop-properly penalty), "
+            f"{policy.failure_reward:g} for any other gradeable outcome"
+        )
     if policy.overlong_penalty_factor:
         b = "a fifth of the cap" if policy.overlong_buffer_len is None else f"{policy.overlong_buffer_len}"
         reward += (
@@ -67,29 +75,38 @@ def changes_from_control(run: Run) -> list[str]:
     changes = []
     policy, base = recorded_policy(run), control.policy
     kinds = [
-        ("Truncated", policy.truncated, base.truncated),
-        ("Format-rejected", policy.format_rejected, base.format_rejected),
+        ("Truncated", policy.truncated, base.truncated, truncated_reward(policy), truncated_reward(base)),
+        (
+            "Format-rejected",
+            policy.format_rejected,
+            base.format_rejected,
+            policy.failure_reward,
+            base.failure_reward,
+        ),
     ]
-    if all(now == kinds[0][1] and was == kinds[0][2] for _, now, was in kinds):  # one treatment of both kinds
-        kinds = [("Unresolved", policy.truncated, base.truncated)]
-    for kind, now, was in kinds:
-        if now == was:
+    same = truncated_reward(policy) == policy.failure_reward
+    if same and all(k[1:3] == kinds[0][1:3] for k in kinds):  # one treatment of both kinds
+        kinds = kinds[:1]
+        kinds[0] = ("Unresolved", *kinds[0][1:])
+    for kind, now, was, r_now, r_was in kinds:
+        if now == was and r_now == r_was:
             continue
         if {now, was} == {TRAINED, MASKED}:  # the seed's own switch, in its words
-            trained = f"active (reward {policy.failure_reward:g})"
+            trained = f"active (reward {r_now:g})"
             new, old = (trained, "masked") if now == TRAINED else ("masked", "active")
             change = f"{new} in the loss instead of {old}"
         else:
             now_text, was_text = (
-                describe_treatment(now, policy.failure_reward),
-                describe_treatment(was, base.failure_reward),
+                describe_treatment(now, r_now),
+                describe_treatment(was, r_was),
             )
             change = f"{now_text}, instead of {was_text}"
         of = " (truncated or format-rejected)" if kind == "Unresolved" else ""
         changes.append(f"{kind} rollouts{of} are {change}.")
-    if (policy.failure_reward, policy.overlong_penalty_factor) != (
+    if (policy.failure_reward, policy.overlong_penalty_factor, policy.truncation_reward) != (
         base.failure_reward,
         base.overlong_penalty_factor,
+        base.truncation_reward,
     ):
         changes.append(f"Reward: {describe_policy(policy)['reward']}.")
     if policy.gate != base.gate:

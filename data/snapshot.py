@@ -159,6 +159,11 @@ def load_snapshot(path, expected_sha256: str | None = None) -> datasets.Dataset:
 
 def convert_math_jsonl(src, dst) -> str:
     """MATH-format JSONL -> snapshot with MATH ids; `unique_id` becomes `source_id`. Returns the sha256."""
+    return write_snapshot(read_math_jsonl(src), dst)
+
+
+def read_math_jsonl(src) -> list[dict]:
+    """The tasks of a MATH-format JSONL file (MATH ids, `unique_id` as `source_id`), checked line by line."""
     tasks, first_line = [], {}
     with open(src, encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
@@ -182,7 +187,7 @@ def convert_math_jsonl(src, dst) -> str:
                     f"{src}: field 'problem': the same problem on lines {earlier} and {lineno}"
                 )
             tasks.append({"id": task_id, "source_id": source_id} | {k: row[k] for k in MATH_FIELDS})
-    return write_snapshot(tasks, dst)
+    return tasks
 
 
 def snapshot_to_math_jsonl(path, dst) -> str:

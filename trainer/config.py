@@ -97,6 +97,11 @@ class CapGRPOConfig(GRPOConfig):
     eval_seed: int = field(default=1234, metadata={"help": "Seed of the per-sample evaluation seeds."})
     eval_set_seed: int = field(default=0, metadata={"help": "Seed choosing fixed32 and heldout300."})
     heldout_size: int = field(default=300, metadata={"help": "Problems in heldout300 (never trained on)."})
+    heldout_subject: str = field(
+        default="",
+        metadata={"help": "Draw heldout300 only from tasks whose subject starts with this, none trained on "
+                  "(data/gsm_symbolic.py: gsm_symbolic/heldout or math500/); empty: any task."},
+    )  # fmt: skip
     fixed_size: int = field(default=32, metadata={"help": "Problems in fixed32 (from the training pool)."})
     fixed_samples: int = field(default=8, metadata={"help": "Samples per fixed32 problem."})
     heldout_samples: int = field(default=1, metadata={"help": "Samples per heldout300 problem."})

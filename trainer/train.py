@@ -31,7 +31,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from trl.generation.vllm_generation import VLLMGeneration
 
 from data.atomic import DiskFullError, is_disk_full
-from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
+from data.eval_sets import FIXED, HELDOUT, choose_eval_sets, heldout_pool_of
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
 from rundir.files import RunFileError
@@ -296,7 +296,11 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     tasks_ds = load_snapshot(args.snapshot_path, expected_sha256=args.snapshot_sha256)
     tasks = {row["id"]: row for row in tasks_ds}
     eval_sets = choose_eval_sets(
-        list(tasks), seed=args.eval_set_seed, heldout_size=args.heldout_size, fixed_size=args.fixed_size
+        list(tasks),
+        seed=args.eval_set_seed,
+        heldout_size=args.heldout_size,
+        fixed_size=args.fixed_size,
+        heldout_pool=heldout_pool_of(tasks.values(), args.heldout_subject),
     )
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")

@@ -183,7 +183,7 @@ def run_base_report(plan: Plan, work: Path, smoke: bool, gguf: Path | None = Non
     """Measure every cell, apply the rule, write base_report.{json,md}, the cells' rows and choice.json."""
     import torch
 
-    from data.eval_sets import choose_eval_sets
+    from data.eval_sets import choose_eval_sets, heldout_pool_of
     from data.snapshot import load_snapshot
     from rewards.grader import GraderPool
     from trainer.evaluation import EvalSpec, generate_eval, load_checkpoint
@@ -207,8 +207,9 @@ def run_base_report(plan: Plan, work: Path, smoke: bool, gguf: Path | None = Non
             model, tokenizer = loaded[model_name]
             tokenizer.padding_side = "left"
             tasks = {t["id"]: t for t in load_snapshot(snapshot_path(work, cell_tasks(cell)))}
-            sets = choose_eval_sets(
-                list(tasks), seed=0, heldout_size=min(300, len(tasks) // 4), fixed_size=32
+            held = heldout_pool_of(tasks.values(), plan.recipe_dict().get("heldout_subject", ""))
+            sets = choose_eval_sets(  # training-pool problems: whole held-out templates stay out of them too
+                list(tasks), seed=0, heldout_size=min(300, len(tasks) // 4), fixed_size=32, heldout_pool=held
             )
             pool_ids = random.Random(0).sample(sorted(sets.train_pool), min(problems, len(sets.train_pool)))
             spec = EvalSpec(cap=cap, temperature=cell["temperature"], top_p=1.0, seed=1234,

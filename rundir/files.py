@@ -19,6 +19,7 @@ from data.atomic import write_atomic
 from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
 from rundir import archive
+from rundir.at_k import at_k
 
 STEP_DIR = re.compile(r"step(\d{3,})")
 STATE_DIR = re.compile(r"state(\d{3,})")
@@ -213,8 +214,14 @@ def score_sets(rows: Iterable[Mapping]) -> dict[str, SetScore]:
 
 
 def summarize(rows: Iterable[Mapping]) -> dict[str, dict]:
-    """steps.jsonl's `eval` object from one evaluation's rows."""
-    return {name: score.summary() for name, score in score_sets(rows).items()}
+    """steps.jsonl's `eval` object from one evaluation's rows; a set with ≥ 2 samples per problem also gets
+    `at_k`: pass@j and maj@k, each {value, ci, level} (rundir.at_k)."""
+    rows = list(rows)
+    out = {name: score.summary() for name, score in score_sets(rows).items()}
+    for name, s in out.items():
+        if est := at_k(r for r in rows if r["set"] == name):
+            s["at_k"] = {m: e.as_json() for m, e in est.items()}
+    return out
 
 
 def pct(x: float) -> str:

@@ -61,6 +61,21 @@ def test_indeterminate_leaves_the_denominator_and_summaries_say_none_when_nothin
         SetScore.of(["timeout"])
 
 
+def test_summaries_of_sets_with_several_samples_carry_pass_and_maj_at_k():
+    """fixed32-like: 2 problems × 2 samples → pass@1, pass@2, maj@2 with intervals; one sample: none."""
+    rows = [
+        {**r, "task_id": f"p{i // 2}", "sample": i % 2, "answer": a}
+        for i, (r, a) in enumerate(zip(_rows(0, 64, ["correct", "wrong", "wrong", "truncated"], "f"), "1299"))
+    ]
+    s = summarize(rows + _rows(0, 64, ["correct", "wrong"]))
+    assert "at_k" not in s["heldout300"]
+    at_k = s["f"]["at_k"]
+    assert list(at_k) == ["pass@1", "pass@2", "maj@2"]
+    # p0: n 2, c 1 → pass@1 ½, pass@2 1; p1: none correct. maj: p0 ties 1 (correct) and 2 → ½; p1: 9 is wrong.
+    assert [at_k[m]["value"] for m in at_k] == [0.25, 0.5, 0.25]
+    assert at_k["pass@2"]["ci"] == [0.0, 1.0] and at_k["pass@2"]["level"] == 0.95
+
+
 def test_rows_that_disagree_with_their_file_name_are_refused(run_dir):
     path = eval_path(run_dir, 2)
     path.write_text(path.read_text().replace('"cap": 64', '"cap": 65', 1))

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from analysis.pass_at_k import (
+from rundir.at_k import (
     at_k,
     bootstrap_interval,
     ladder,

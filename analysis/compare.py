@@ -17,7 +17,9 @@ from collections import Counter
 from pathlib import Path
 from statistics import median
 
-from analysis.comparison import Comparison
+import numpy as np
+
+from analysis.comparison import AtK, Comparison
 from analysis.differences import (  # noqa: F401  (paired_difference, disagreements: the run card's too)
     PairedDiff,
     Pairs,
@@ -44,9 +46,10 @@ from analysis.pairing import (  # noqa: F401  (load_run, check_comparable: the r
 )
 from analysis.plots import Trajectory, plot_all
 from analysis.report import headline, headline_notes, render_report, seed_headline
-from analysis.stats import SMALLEST_EFFECT_PP
+from analysis.stats import SMALLEST_EFFECT_PP, sign_flip_test
 from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
+from rundir.at_k import Estimate, bootstrap_interval, per_problem, problem_scores
 from rundir.files import Run, RunFileError
 
 PRIMARY_SET = HELDOUT  # SPEC §5's held-out set: the primary comparison when present
@@ -120,9 +123,27 @@ def compare_runs(
         plots=plot_all(out, [trajectory(a), trajectory(b)], sets),
         smallest_effect_pp=smallest_effect_pp,
         seed_level=by_seed if len(per_seed) > 1 else {},
+        at_k={name: rows for name in sets if (rows := at_k_pairs(a, b, seed_pairs, name, **kw))},
     )
     result.report.write_text(render_report(result, seed))
     return result
+
+
+def at_k_pairs(a: Side, b: Side, seed_pairs, name: str, *, n_resamples: int, seed: int) -> list[AtK]:
+    """pass@j / maj@k of one set for both arms; the unit is a problem of a seed pair, in the same order."""
+
+    def scores(run: Run, step: int) -> dict[str, list[float]]:
+        return problem_scores(per_problem(r for _, r in run.rows(step) if r["set"] == name))
+
+    per_pair = [(scores(ra, a.step), scores(rb, b.step)) for ra, rb in seed_pairs]
+    metrics = [m for m in per_pair[0][0] if all(m in sa and m in sb for sa, sb in per_pair)]
+    out = []
+    for m in metrics:
+        xa = np.array([x for sa, _ in per_pair for x in sa[m]])
+        xb = np.array([x for _, sb in per_pair for x in sb[m]])
+        est = [Estimate(float(x.mean()), *bootstrap_interval(x, seed=seed)) for x in (xa, xb)]
+        out.append(AtK(m, *est, sign_flip_test(xa - xb, n_resamples=n_resamples, seed=seed)))
+    return out
 
 
 def trajectory(side: Side) -> Trajectory:

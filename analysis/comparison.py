@@ -7,8 +7,19 @@ from pathlib import Path
 
 from analysis.differences import PairedDiff, PeakDecline, SeedLevel
 from analysis.pairing import Side
-from analysis.stats import SMALLEST_EFFECT_PP, ceil_sig, fixed_sequence_holm
+from analysis.stats import SMALLEST_EFFECT_PP, SignFlipResult, ceil_sig, fixed_sequence_holm
+from rundir.at_k import Estimate
 from rundir.files import Run
+
+
+@dataclass(frozen=True)
+class AtK:
+    """One pass@j or maj@k of both arms, paired by problem (and seed pair) given these checkpoints."""
+
+    metric: str
+    a: Estimate
+    b: Estimate
+    test: SignFlipResult  # A − B, sign-flip over problems
 
 
 @dataclass
@@ -25,6 +36,7 @@ class Comparison:
     plots: dict[str, Path]
     smallest_effect_pp: float = SMALLEST_EFFECT_PP
     seed_level: dict[str, SeedLevel] = field(default_factory=dict)  # per set; empty with one seed per arm
+    at_k: dict[str, list[AtK]] = field(default_factory=dict)  # per set with ≥ 2 samples per problem
 
     # the single-run form's names
     @property

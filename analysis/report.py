@@ -67,6 +67,7 @@ def render_report(c: Comparison, seed: int) -> str:
         "chosen in advance would reject too often (more evaluations, more chances of a high peak). "
         "The paired change is the same change over the sample pairs graded at both steps.",
         "",
+        *_at_k_section(c),
         "## Accuracy per eval step",
         "",
     ]
@@ -365,3 +366,31 @@ def _table(heads: list[str], rows: list[list[str]]) -> str:
 
 def _kv(d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
+
+
+def _at_k_section(c: Comparison) -> list[str]:
+    """pass@j and maj@k of the sets with several samples per problem (rundir/at_k.py), given these checkpoints."""
+    if not c.at_k:
+        return []
+    rows = [
+        [name, r.metric, *(f"{pct(e.value)} [{pct(e.low)}, {pct(e.high)}]" for e in (r.a, r.b)),
+         f"{100 * r.test.mean_diff:+.1f} pp", r.test.p_text()]
+        for name, rs in c.at_k.items() for r in rs
+    ]  # fmt: skip
+    head = ["eval set", "metric", f"A ({c.a.arm})", f"B ({c.b.arm})", "A − B", "p (sign-flip, by problem)"]
+    return [
+        "## pass@k and maj@k, given these checkpoints",
+        "",
+        "pass@j: the unbiased estimator 1 − C(n−c, j)/C(n, j) per problem (Chen et al. 2021); maj@k: majority "
+        "vote over completed answers (truncated, format-rejected and indeterminate rows never vote; a tie "
+        "scores the share of tied answers that are correct). Brackets: 95% bootstrap interval over problems "
+        "(seeded); A − B paired by problem"
+        + (" and seed pair" if c.n_seeds > 1 else "")
+        + ", sign-flip test "
+        "as below, outside the family of adjusted tests.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+        *("| " + " | ".join(r) + " |" for r in rows),
+        "",
+    ]

@@ -88,6 +88,8 @@ def problem_scores(problems: Mapping[str, list[tuple[Outcome, str | None]]]) -> 
         scores[f"pass@{j}"] = [
             pass_at(len(s), sum(o is Outcome.CORRECT for o, _ in s), j) for s in graded.values()
         ]
+    if any(a is None for s in graded.values() for o, a in s if o in VOTING):
+        return scores  # rows without their answer: no vote
     scores[f"maj@{k}"] = [
         majority((a, o is Outcome.CORRECT) for o, a in s if o in VOTING) for s in graded.values()
     ]

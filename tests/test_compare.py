@@ -631,3 +631,20 @@ def test_the_analysis_package_reads_top_to_bottom():
 
     assert graph["report"] and graph["compare"]
     assert [m for m in graph if reaches(m, m)] == []
+
+
+def test_pass_and_maj_at_k_paired_by_problem(tmp_path):
+    """Issue 47: sets with ≥ 2 samples per problem get pass@j / maj@k per arm, A − B paired by problem."""
+    a = write_run(tmp_path / "A", "S2", {2: {"f": [[C, C], [W, C], [C, W], [W, W]], "h": [[C], [W]]}})
+    b = write_run(tmp_path / "B", "S0", {2: {"f": [[W, W], [W, C], [W, W], [C, W]], "h": [[W], [W]]}})
+    c = compare_runs(a, b, tmp_path / "out")
+    assert "h" not in c.at_k and [r.metric for r in c.at_k["f"]] == ["pass@1", "pass@2", "maj@2"]
+    got = {r.metric: (r.a.value, r.b.value, r.test.mean_diff, r.test.p_value) for r in c.at_k["f"]}
+    # pass@2 per problem: A 1, 1, 1, 0; B 0, 1, 0, 1 → diffs 1, 0, 1, -1: of the 8 sign patterns of the
+    # three non-zero ones, 4 reach a sum ≥ 1 and 4 ≤ -1 → p = 1.
+    assert got["pass@2"] == pytest.approx((0.75, 0.5, 0.25, 1.0))
+    # pass@1: A 1, ½, ½, 0; B 0, ½, 0, ½. Every answer is "1", so maj@2 scores its share of correct rows.
+    assert got["pass@1"][:3] == pytest.approx((0.5, 0.25, 0.25)) and got["maj@2"] == got["pass@1"]
+    text = c.report.read_text()
+    assert "## pass@k and maj@k, given these checkpoints" in text
+    assert "| f | pass@2 | 75.0% [" in text and "| +25.0 pp | 1 |" in text

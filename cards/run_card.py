@@ -10,6 +10,7 @@ from huggingface_hub import ModelCard
 
 from analysis.stats import format_p
 from cards import metadata
+from rundir.at_k import at_k
 from rundir.files import Run, pct, step_name
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,20 @@ def _trajectory(run: Run) -> dict:
         "gate_last": (gate[-1][0], pct(gate[-1][1])) if gate else None,
         "bound_hits": sum(bool((r.get("groups") or {}).get("bound_hit")) for r in run.steps),
     }
+
+
+def _at_k(run: Run) -> list[str]:
+    """pass@j / maj@k with their intervals at the last evaluated step, per set with ≥ 2 samples per problem."""
+    if not (evals := run.evaluated()):
+        return []
+    rows = [r for _, r in run.rows(evals[-1])]
+    out = []
+    for name in sorted({r["set"] for r in rows}):
+        est = at_k(r for r in rows if r["set"] == name)
+        parts = [f"{m} {pct(e.value)} [{pct(e.low)}, {pct(e.high)}]" for m, e in est.items()]
+        if parts:
+            out.append(f"{name} at step {evals[-1]}: " + ", ".join(parts))
+    return out
 
 
 def _decline(run: Run) -> dict | None:
@@ -147,6 +162,7 @@ def build_run_card(run: Run, control: Path | str | None, repo_id: str | None) ->
         architecture=run.architecture(run.saved[-1]) if run.saved else run.meta.get("architecture", "?"),
         versus=_comparison(run, control) if control is not None else None,
         decline=_decline(run),
+        at_k=_at_k(run),
         trajectory=_trajectory(run),
         repo_id=repo_id,
         rank_set=run.rank_set,

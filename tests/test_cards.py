@@ -310,3 +310,19 @@ def test_cards_import_neither_the_trainer_nor_torch_training_code():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_run_card_gives_pass_and_maj_at_k_of_sets_with_several_samples(tmp_path):
+    """fixed32 has 2 samples per problem here: pass@1 (= its accuracy, every problem has 2 graded samples),
+    pass@2 and maj@2 with intervals; heldout300 (1 sample) gets none."""
+    from rundir.files import Run, pct
+
+    run = make_run(tmp_path, "S2")
+    r = Run(run)
+    last = r.evaluated()[-1]
+    text = ModelCard.load(write_run_card(run)).text
+    acc = r.score(last, "fixed32")
+    assert acc.outcomes["indeterminate"] == 0
+    line = next(x for x in text.splitlines() if x.startswith(f"- fixed32 at step {last}: "))
+    assert f"pass@1 {pct(acc.accuracy)} [" in line and ", pass@2 " in line and ", maj@2 " in line
+    assert "heldout300 at step" not in text

@@ -88,13 +88,13 @@ def plot_all(out_dir: Path, trajectories: list[Trajectory], sets: list[str]) -> 
 
 
 def save_png(fig: plt.Figure, path: Path) -> None:
-    """A 64-colour palette PNG: line plots look the same and weigh a quarter (reports are committed)."""
+    """A 32-colour palette PNG: line plots look the same and weigh a quarter (reports are committed)."""
     from PIL import Image  # matplotlib's own dependency
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     image = Image.open(buf).convert("RGB")
-    image.quantize(colors=64, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+    image.quantize(colors=32, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
         path, optimize=True
     )
 

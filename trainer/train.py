@@ -376,9 +376,8 @@ def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
     check_recipe(argv)
     try:
         return RecipeParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
-    except (
-        ValueError
-    ) as e:  # HfArgumentParser's "Some specified arguments are not used…: ['--no_such_flag', '3']"
+    except ValueError as e:
+        # HfArgumentParser's "Some specified arguments are not used…: ['--no_such_flag', '3']"
         if "not used by the HfArgumentParser" not in str(e):
             raise
         raise CommandLineError(f"unknown argument(s): {str(e).split(': ', 1)[-1]}") from None

@@ -12,6 +12,7 @@ weights or optimizer state) into <out>/<plan name>.tar.gz; `unpack` writes it in
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -73,6 +74,16 @@ def prepare(plan: Plan, work: Path, smoke: bool, gguf: Path | None) -> list[str]
     return ["--model_name_or_path", str(base), "--snapshot_path", str(snapshot_path(work, choice["tasks"])),
             "--snapshot_sha256", choice["snapshot_sha256"], "--temperature", str(choice["temperature"]),
             "--max_completion_length", str(choice["cap"])]  # fmt: skip
+
+
+def drop_weights(run: Path) -> None:
+    """A finished run's stepNNN/ and stateNNN/ on the GPU machine (the plan's budget.drop_finished_weights):
+    they never come back, and sixteen 0.5B runs' 7.6 GB each would fill its disk before the last one saved."""
+    dropped = [d for d in sorted(run.iterdir()) if d.is_dir() and re.fullmatch(r"(step|state)\d+", d.name)]
+    for d in dropped:
+        shutil.rmtree(d)
+    print(f"{run.name}: finished; dropped {', '.join(d.name for d in dropped) or 'nothing'} (weights never leave the GPU machine)",
+          flush=True)  # fmt: skip
 
 
 def gpu_memory_mib(pid: int) -> tuple[float, float] | None:
@@ -152,7 +163,13 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
             pack(plan, work, out)
             return 1
         parallel = fitting(parallel, leader.pid, b.get("gpu_share", 0.9))
+    dropped: set[Path] = set()
     while time.perf_counter() < deadline:
+        if b.get("drop_finished_weights") and not smoke:
+            for run, p in procs:
+                if run not in dropped and p.poll() == 0 and finished(run, steps):
+                    drop_weights(run)
+                    dropped.add(run)
         live = [p for _, p in procs if p.poll() is None]
         if not live and not queue:
             break

@@ -23,9 +23,9 @@ def test_every_committed_plan_loads_and_names_its_runs(path):
     assert len(set(names)) == len(names) == len(plan.arms) * len(plan.seeds or [None])
 
 
-def test_the_qwen_draft_has_eight_seeds_30_steps_and_the_issue_rule():
+def test_the_qwen_plan_has_eight_seeds_30_steps_and_the_issue_rule():
     plan = load(ROOT / "docs/experiment-qwen/plan.yaml")
-    assert plan.status == "draft" and len(plan.seeds) >= 8 and plan.steps >= 30 and plan.eval["every"] == 5
+    assert plan.status == "final" and len(plan.seeds) >= 8 and plan.steps >= 30 and plan.eval["every"] == 5
     assert plan.primary["set"] == "heldout300" and plan.primary["step"] == 30
     assert (plan.base_report.rule.truncated, plan.base_report.rule.pass_at_1) == ((0.15, 0.35), (0.20, 0.70))
 
@@ -57,7 +57,7 @@ def test_an_unknown_field_is_refused_with_one_line_naming_the_file_and_field(tmp
 
 
 def test_train_refuses_a_draft_plan(tmp_path, capsys):
-    plan = ROOT / "docs/experiment-qwen/plan.yaml"
+    plan = _plan_with(tmp_path, lambda r: r.update(status="draft"))
     assert launch_main([str(plan), "train", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]) == 1
     assert "status draft" in capsys.readouterr().err and not (tmp_path / "w").exists()
 

@@ -86,6 +86,24 @@ def drop_weights(run: Path) -> None:
           flush=True)  # fmt: skip
 
 
+def disk_fit(parallel: int, work: Path, base: Path, runs: list[Path]) -> int:
+    """At most `parallel` runs, as many as the disk holds when each stops and saves at the call's end: the save
+    (bf16 weights and fp32 weights with AdamW's two moments, 14 bytes a parameter: 3.5x the float32 base's
+    safetensors) next to the free space plus the saves of these runs that the new ones replace."""
+    per_run = 3.5 * sum(f.stat().st_size for f in base.glob("*.safetensors"))
+    if not per_run:
+        return parallel
+    replaced = sum(f.stat().st_size for r in runs if r.is_dir() for f in r.rglob("*")
+                   if f.is_file() and re.search(r"/(step|state)\d+/", f.as_posix()))  # fmt: skip
+    free = shutil.disk_usage(work).free + replaced - 4 * 2**30
+    fit = max(1, min(parallel, int(free // per_run)))
+    print(
+        f"disk: {free / 2**30:.0f} GiB free for saves of {per_run / 2**30:.1f} GiB: {fit} runs at a time",
+        flush=True,
+    )
+    return fit
+
+
 def gpu_memory_mib(pid: int) -> tuple[float, float] | None:
     """(this process's GPU memory, the GPU's total) in MiB from nvidia-smi, or None where it cannot say."""
     try:
@@ -163,6 +181,11 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
             pack(plan, work, out)
             return 1
         parallel = fitting(parallel, leader.pid, b.get("gpu_share", 0.9))
+    if (
+        b.get("drop_finished_weights") and not smoke
+    ):  # the plan's weights stay on the GPU machine: its disk binds
+        base = Path(common[common.index("--model_name_or_path") + 1])
+        parallel = disk_fit(parallel, work, base, [r for r, _, _ in queue])
     dropped: set[Path] = set()
     while time.perf_counter() < deadline:
         if b.get("drop_finished_weights") and not smoke:

@@ -130,3 +130,18 @@ def test_the_base_stage_at_cpu_sizes_writes_the_report_the_choice_and_an_archive
     assert "smollm2/base_report.md" in names and not [
         n for n in names if n.endswith((".safetensors", ".tasks.json"))
     ]
+
+
+def test_disk_fit_holds_every_stopped_runs_save_and_counts_the_saves_it_replaces(tmp_path):
+    from launch.runs import disk_fit
+
+    base = tmp_path / "base"
+    base.mkdir()
+    with (base / "model.safetensors").open("wb") as f:  # sparse: its size, not its blocks, sets a save's size
+        f.truncate(2**40)
+    assert disk_fit(6, tmp_path, base, []) == 1  # 3.5 TiB a save: one run at a time, never none
+    with (base / "model.safetensors").open("wb") as f:
+        f.truncate(1024)
+    assert disk_fit(6, tmp_path, base, []) == 6
+    (base / "model.safetensors").unlink()
+    assert disk_fit(6, tmp_path, base, []) == 6  # no safetensors: nothing to estimate from, the plan's number

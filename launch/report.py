@@ -57,9 +57,35 @@ class Launch:
             not math.isfinite(r.get("grad_norm", 0.0)) and not r.get("update_skipped") for r in _steps(run)
         )
 
+    def started(self, run: Path) -> bool:
+        return archive.exists(run / "run.json")
+
+    def redone(self, run: Path) -> bool:
+        """A run that stopped without saving (a crash, a kill) and redid steps from its last saved one on
+        `--resume`: the rows it replaced are kept in results/superseded/."""
+        return bool(archive.listing(run / "results/superseded", "*"))
+
+    def reached(self, seed) -> bool:
+        """Both arms started and (the plan's `primary.min_step`) evaluated a step at least that far."""
+        if not all(self.started(self.dir(a, seed)) for a in self.arms):
+            return False
+        least = self.plan.primary.get("min_step", 0)
+        return all(max(Run(self.dir(a, seed)).evaluated(), default=-1) >= least for a in self.arms)
+
     def tested_seeds(self) -> tuple:
-        """The plan's deviation rule: a failed run's seed pair leaves the seed-level test."""
-        return tuple(s for s in self.seeds if not any(self.failed(self.dir(a, s)) for a in self.arms))
+        """The plan's deviation rules: a failed run's seed pair leaves the seed-level test, and so does a pair a
+        budget stopped before `primary.min_step` (or never started)."""
+        return tuple(
+            s
+            for s in self.seeds
+            if self.reached(s) and not any(self.failed(self.dir(a, s)) for a in self.arms)
+        )
+
+    def unredone_seeds(self) -> tuple:
+        """The tested pairs without a run that redid steps after an unsaved stop (a sensitivity reading)."""
+        return tuple(
+            s for s in self.tested_seeds() if not any(self.redone(self.dir(a, s)) for a in self.arms)
+        )
 
     def common_step(self, seeds: tuple | None = None) -> int:
         """The last step every run of `seeds` (every arm) evaluated: the plan's step, or its deviation step."""
@@ -87,8 +113,11 @@ def comparison_block(lx: Launch, seeds: tuple, title: str) -> str:
 def primary(lx: Launch) -> str:
     seeds = lx.tested_seeds()
     out = comparison_block(lx, seeds, "Primary")
-    if seeds != lx.seeds:
-        out += "\n" + comparison_block(lx, lx.seeds, "Sensitivity, every seed (not the primary)")
+    reached = tuple(s for s in lx.seeds if lx.reached(s))
+    if seeds != reached:
+        out += "\n" + comparison_block(lx, reached, "Sensitivity, every seed (not the primary)")
+    if (kept := lx.unredone_seeds()) != seeds and kept:
+        out += "\n" + comparison_block(lx, kept, "Sensitivity, without runs that redid steps after a crash")
     return out
 
 
@@ -118,7 +147,8 @@ def outcome_by_seed(lx: Launch, steps: list[int], outcome: str = "format_rejecte
     lines = [f"| step | seeds | {arm} - {control} per seed (pp) | mean (pp) | SD (pp) | seeds with {arm} lower | "
              "p (exact sign-flip) |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for step in steps:
-        runs = {s: [Run(lx.dir(a, s)) for a in (arm, control)] for s in lx.seeds}
+        started = [s for s in lx.seeds if all(lx.started(lx.dir(a, s)) for a in (arm, control))]
+        runs = {s: [Run(lx.dir(a, s)) for a in (arm, control)] for s in started}
         seeds = [s for s, pair in runs.items() if all(step in r.evaluated() for r in pair)]
         d = [100 * (runs[s][0].score(step, lx.set).rate(outcome) - runs[s][1].score(step, lx.set).rate(outcome))
              for s in seeds]  # fmt: skip
@@ -284,6 +314,9 @@ def launch_status(lx: Launch) -> str:
     for arm in lx.arms:
         for seed in lx.seeds:
             run = lx.dir(arm, seed)
+            if not lx.started(run):
+                lines.append(f"| {run.name} | not started | – | – |")
+                continue
             rows = _steps(run)
             skipped = ", ".join(str(r["step"]) for r in rows if r.get("update_skipped")) or "none"
             evaluated = ", ".join(map(str, Run(run).evaluated()))

@@ -86,16 +86,15 @@ def drop_weights(run: Path) -> None:
           flush=True)  # fmt: skip
 
 
-def disk_fit(parallel: int, work: Path, base: Path, runs: list[Path]) -> int:
+def disk_fit(parallel: int, work: Path, base: Path) -> int:
     """At most `parallel` runs, as many as the disk holds when each stops and saves at the call's end: the save
     (bf16 weights and fp32 weights with AdamW's two moments, 14 bytes a parameter: 3.5x the float32 base's
-    safetensors) next to the free space plus the saves of these runs that the new ones replace."""
+    safetensors) in the free space. A run's earlier save is no credit: it is removed only after the new one is
+    written (launch 1 of docs/experiment-qwen counted it, and two saves found the disk full)."""
     per_run = 3.5 * sum(f.stat().st_size for f in base.glob("*.safetensors"))
     if not per_run:
         return parallel
-    replaced = sum(f.stat().st_size for r in runs if r.is_dir() for f in r.rglob("*")
-                   if f.is_file() and re.search(r"/(step|state)\d+/", f.as_posix()))  # fmt: skip
-    free = shutil.disk_usage(work).free + replaced - 4 * 2**30
+    free = shutil.disk_usage(work).free - 4 * 2**30
     fit = max(1, min(parallel, int(free // per_run)))
     print(
         f"disk: {free / 2**30:.0f} GiB free for saves of {per_run / 2**30:.1f} GiB: {fit} runs at a time",
@@ -119,14 +118,15 @@ def gpu_memory_mib(pid: int) -> tuple[float, float] | None:
     return (used[0], float(total.split()[0])) if used and total.strip() else None
 
 
-def fitting(parallel: int, leader_pid: int, share: float = 0.9) -> int:
-    """At most `parallel` runs, as many as `share` of the GPU holds at the leader's measured memory."""
+def fitting(parallel: int, leader_pid: int, share: float = 0.9, growth: float = 1.0) -> int:
+    """At most `parallel` runs, as many as `share` of the GPU holds at the leader's measured memory times
+    `growth` (the plan's budget.memory_growth: what a run holds later over what it held at its first step)."""
     memory = gpu_memory_mib(leader_pid)
     if memory is None:
         return parallel
     used, total = memory
-    fit = max(1, min(parallel, int(share * total // used)))
-    print(f"leader holds {used:.0f} of {total:.0f} MiB: {fit} runs at a time", flush=True)
+    fit = max(1, min(parallel, int(share * total // (used * growth))))
+    print(f"leader holds {used:.0f} of {total:.0f} MiB (x{growth} later): {fit} runs at a time", flush=True)
     return fit
 
 
@@ -180,12 +180,12 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
             print("\n".join(log[-25:]), file=sys.stderr)
             pack(plan, work, out)
             return 1
-        parallel = fitting(parallel, leader.pid, b.get("gpu_share", 0.9))
+        parallel = fitting(parallel, leader.pid, b.get("gpu_share", 0.9), b.get("memory_growth", 1.0))
     if (
         b.get("drop_finished_weights") and not smoke
     ):  # the plan's weights stay on the GPU machine: its disk binds
         base = Path(common[common.index("--model_name_or_path") + 1])
-        parallel = disk_fit(parallel, work, base, [r for r, _, _ in queue])
+        parallel = disk_fit(parallel, work, base)
     dropped: set[Path] = set()
     while time.perf_counter() < deadline:
         if b.get("drop_finished_weights") and not smoke:

@@ -159,6 +159,9 @@ def test_runs_at_a_time_fit_the_gpu_at_the_leaders_measured_memory(monkeypatch):
     assert fitting(12, 1) == 1  # never none
     monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: None)  # no nvidia-smi: as asked
     assert fitting(5, 1) == 5
+    # docs/experiment-qwen launch 1: the leader held 14,778 MiB at its first step, its runs 27 GiB later
+    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid: (14778.0, 143771.0))
+    assert fitting(6, 1) == 6 and fitting(6, 1, growth=1.9) == 4
 
 
 def test_the_decomposition_of_launch7s_lead_adds_up_to_it_and_is_what_issue_45_read():

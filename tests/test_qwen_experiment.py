@@ -1,0 +1,82 @@
+"""docs/experiment-qwen/ (issue 45): every number of its README recomputes from the committed rows, through the
+launcher's report stage and docs/experiment-qwen/plan.yaml."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from launch.base import at_cap, cell_tasks, choose
+from launch.plan import load
+from launch.report import report
+from rundir.files import read_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs/experiment-qwen"
+PLAN = load(DOCS / "plan.yaml")
+AMENDMENT_1 = (
+    "f07d47c25bc9bdacff3c0e07a66fe4ed4aee6bd9",
+    "2026-12-04T05:39:01Z",
+)  # git log -1 --format=%cI f07d47c
+
+
+def test_the_readme_report_is_what_the_report_command_prints():
+    readme = (DOCS / "README.md").read_text()
+    block = readme.split("<!-- report -->\n", 1)[1].split("<!-- /report -->", 1)[0]
+    assert block == report(PLAN)
+
+
+def test_the_base_report_recomputes_and_only_amendment_1_makes_a_cell_eligible():
+    committed = json.loads((DOCS / "base/base_report.json").read_text())
+    for cell in committed["cells"]:
+        name = f"base_rows_{cell_tasks(cell)}_{cell['model']}_{cell['prompt']}_T{cell['temperature']}.jsonl"
+        rows = read_jsonl(DOCS / "base" / name)  # from base/rows.tar.xz
+        assert len(rows) == 128 * 8 and [at_cap(rows, k["cap"]) for k in cell["caps"]] == cell["caps"]
+    chosen = choose(committed["cells"], PLAN.base_report.rule)
+    assert {k: v for k, v in chosen.items() if k != "at_choice"} | {"snapshot_sha256": committed["choice"]["snapshot_sha256"]} == {
+        k: v for k, v in committed["choice"].items() if k != "at_choice"}  # fmt: skip
+    assert (chosen["temperature"], chosen["cap"]) == (0.7, 320)
+    registered = replace(PLAN.base_report.rule, pass_at_1=(0.20, 0.70))  # the rule as committed at 3e19d9b
+    with pytest.raises(SystemExit, match="no candidate cell meets the plan's rule"):
+        choose(committed["cells"], registered)
+
+
+def _runs() -> list[Path]:
+    return sorted(p for p in (DOCS / "launch1").glob("qwen05-*") if p.is_dir())
+
+
+def test_every_run_ran_from_amendment_1s_commit_and_started_after_it():
+    assert len(_runs()) == 9  # seeds 0-3 of both arms and S0-s4; the rest never started
+    for run in _runs():
+        info = json.loads((run / "run.json").read_text())
+        assert info["code"]["commit"] == AMENDMENT_1[0] and info["started"] > AMENDMENT_1[1], run
+
+
+def test_the_readme_counts_of_skipped_updates_and_the_gpu_replay():
+    rows = {run.name: read_jsonl(run / "results/steps.jsonl") for run in _runs()}
+    arm = lambda a: [r for name, rs in rows.items() if f"-{a}-" in name for r in rs]  # noqa: E731
+    assert [(len(arm(a)), sum(bool(r.get("update_skipped")) for r in arm(a))) for a in ("S0", "S2")] == [
+        (96, 5),
+        (76, 5),
+    ]
+    readme = (DOCS / "README.md").read_text()
+    assert "10 of 172 steps (S0 5 of 96, S2 5 of 76)" in readme
+    identical, moved = [], []
+    for name in ("qwen05-S2-s0", "qwen05-S2-s1"):
+        for step in (15, 20):
+            run = DOCS / "launch1" / name / "results"
+            old, new = (
+                {
+                    (r["set"], r["task_id"], r["sample"]): r
+                    for r in read_jsonl(p / f"eval_step{step:03d}.jsonl")
+                }
+                for p in (run / "superseded", run)
+            )
+            identical.append(sum(old[k]["completion"] == new[k]["completion"] for k in old))
+            acc = [
+                sum(d[k]["outcome"] == "correct" for k in d if k[0] == "heldout300") / 3 for d in (old, new)
+            ]
+            moved.append(round(acc[1] - acc[0], 1))
+    assert identical == [282, 51, 182, 15] and moved == [2.0, 2.3, -2.0, -1.3]
+    assert "282 and 182 of 556 samples at step 15 and for 51 and 15 at\nstep 20" in readme

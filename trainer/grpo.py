@@ -79,6 +79,10 @@ class CapGRPOTrainer(GRPOTrainer):
         resume: Resume | None = None,
         **kwargs,
     ):
+        # cuDNN's SDPA backward gives NaN grad_q on Hopper at padded lengths 64 mod 128 (pytorch/pytorch#196678, met
+        # through Qwen2.5's attention in huggingface/trl#7181: 10 of 172 docs/experiment-qwen steps); flash and
+        # memory-efficient SDPA stay on
+        torch.backends.cuda.enable_cudnn_sdp(False)
         self.tasks = tasks  # task id -> {"problem", "answer", ...} of the training pool
         self.task_sampler = sampler
         self.arm = args.resolved_arm()

@@ -1,7 +1,9 @@
-"""Resume check on any device: an uninterrupted run vs. one killed (SIGKILL) after stateK/ and resumed.
+"""Resume check on any device: an uninterrupted run vs. one killed (SIGKILL) after stateK/ and resumed; with
+--twice, two uninterrupted runs of the same command (the determinism check of `--deterministic true`, issue 47).
 
     python bench/resume_check.py --kill-after 1 -- --config configs/embedded.yaml --max_steps 3 ...
     python bench/resume_check.py --accelerate-config configs/accelerate/fsdp2.yaml --processes 2 -- ...
+    python bench/resume_check.py --twice --report twice.json -- --config configs/smollm2.yaml --deterministic true ...
 
 Everything after `--` goes to `python -m trainer.train`. Prints, per step, whether the task-sampler position,
 the trained task ids, the outcome counts and the eval seeds agree, and the largest weight difference of the
@@ -63,6 +65,7 @@ def train(launch: list[str], args: list[str], out: Path, kill_after: int | None 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kill-after", type=int, default=1)
+    ap.add_argument("--twice", action="store_true", help="two uninterrupted runs, no kill (determinism)")
     ap.add_argument("--out", default="runs/resume_check")
     ap.add_argument("--accelerate-config", default=None, help="`accelerate launch` with this config")
     ap.add_argument("--processes", type=int, default=1, help=">1: `accelerate launch --num_processes N`")
@@ -74,12 +77,15 @@ def main() -> None:
     if a.accelerate_config or a.processes > 1:  # without a config: --multi_gpu (gloo processes on a CPU)
         config = ["--config_file", a.accelerate_config] if a.accelerate_config else ["--multi_gpu"]
         launch += ["-m", "accelerate.commands.launch", *config, "--num_processes", str(a.processes)]
-    ref, out = Path(a.out) / "uninterrupted", Path(a.out) / "resumed"
+    ref, out = (Path(a.out) / n for n in (("first", "second") if a.twice else ("uninterrupted", "resumed")))
     if Path(a.out).is_dir() and any(Path(a.out).iterdir()):  # a check never overwrites an earlier one
         raise SystemExit(f"error: {a.out} is not empty: pass another --out, or remove it")
     train(launch, args, ref)
-    train(launch, args, out, kill_after=a.kill_after)
-    train(launch, args, out, resume=True)
+    if a.twice:
+        train(launch, args, out)
+    else:
+        train(launch, args, out, kill_after=a.kill_after)
+        train(launch, args, out, resume=True)
 
     steps = [read_jsonl(d / "results/steps.jsonl") for d in (ref, out)]
     report = [

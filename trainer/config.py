@@ -158,6 +158,13 @@ class CapGRPOConfig(GRPOConfig):
     cpu_threads: int = field(
         default=1, metadata={"help": "Intra-op threads on CPU-only runs (tiny models run fastest on one)."}
     )
+    deterministic: bool = field(
+        default=False,
+        metadata={
+            "help": "Bitwise-repeatable GPU training: torch's deterministic algorithms, a fixed cuBLAS workspace, "
+            "deterministic cuDNN (trainer/train.py apply_determinism; docs/gpu.md). Refused with vLLM."
+        },
+    )
     # --- training micro-batch (trainer/micro_batch.py): unset, the trainer sizes it at init ---------------
     per_device_train_batch_size: int | None = field(
         default=None,
@@ -284,6 +291,10 @@ class CapGRPOConfig(GRPOConfig):
         if self.max_steps == 0 or self.max_steps < -1:
             raise ConfigError(
                 f"max_steps: must be positive (or -1 for num_train_epochs), got {self.max_steps!r}"
+            )
+        if self.deterministic and self.use_vllm:  # its batched sampling depends on what else is in the batch
+            raise ConfigError(
+                "deterministic: vLLM's generation is not repeatable run to run; set use_vllm: false"
             )
         if bad := [s for s in self.checkpoint_steps if s <= 0]:
             raise ConfigError(f"checkpoint_steps: steps are numbered from 1, got {bad}")

@@ -281,9 +281,20 @@ def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resum
         trainer.add_callback(RestoreCallbackState(trainer, resume.tensors, resume.meta.get("callbacks", {})))
 
 
+def apply_determinism(args: CapGRPOConfig) -> None:
+    """`deterministic: true`, before any CUDA work (the cuBLAS workspace is read when its handle is made). Not the
+    Trainer's `full_determinism`: that also sets CUDA_LAUNCH_BLOCKING=1, which would serialise every kernel."""
+    if not args.deterministic:
+        return
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # PyTorch's randomness notes: CUDA >= 10.2
+    torch.use_deterministic_algorithms(True)  # an op with no deterministic kernel raises, naming itself
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+
+
 def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=()) -> CapGRPOTrainer:
     """`extra_callbacks`: callback objects of a Python caller, beside the recipe's `callbacks:`."""
     run_dir = Path(args.output_dir)
+    apply_determinism(args)
     if not torch.cuda.is_available():
         # The embedded model is op-overhead bound: on 2 shared cores one thread generates ~5x faster.
         torch.set_num_threads(args.cpu_threads)

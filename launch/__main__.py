@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--budget-s", type=float, default=None, help="train: default the plan's budget.train_s")
     ap.add_argument("--parallel", type=int, default=None, help="train: runs at a time (default the plan's)")
+    ap.add_argument(
+        "--seeds", default=None, help="train: only these of the plan's seeds, e.g. 3,4,5 (a launch's share)"
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU sizes, the tiny embedded base")
     ap.add_argument(
         "--results", type=Path, default=None, help="report: rows from here, not the plan's results"
@@ -70,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from launch.runs import train
 
-        return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel)
+        seeds = None if args.seeds is None else [int(x) for x in args.seeds.split(",")]
+        return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds)
     except SystemExit as e:
         if e.code in (None, 0) or isinstance(e.code, int):
             raise

@@ -131,7 +131,10 @@ def fitting(parallel: int, leader_pid: int, share: float = 0.9, growth: float = 
 
 
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
-          parallel: int | None = None) -> int:  # fmt: skip
+          parallel: int | None = None, seeds: list[int] | None = None) -> int:  # fmt: skip
+    if seeds is not None and (plan.seeds is None or not set(seeds) <= set(plan.seeds)):
+        print(f"error: --seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}", file=sys.stderr)
+        return 1
     if plan.status == "draft" and not smoke:
         print(
             f"error: {plan.path}: status draft; the lead commits the final plan before any run",
@@ -152,6 +155,7 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     # a seed's pair together: seed-major order
     order = [(name, arm, seed) for i in range(len(plan.runs(plan.arms[0]))) for arm in plan.arms
              for name, seed in [plan.runs(arm)[i]]]  # fmt: skip
+    order = [(n, a, s) for n, a, s in order if seeds is None or s in seeds]
     queue = [(run_dir(work, n), a, s) for n, a, s in order if not finished(run_dir(work, n), steps)]
     fresh = not any((r / "run.json").is_file() for r, _, _ in queue)
     deadline = t0 + budget_s - grace_s

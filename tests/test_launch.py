@@ -146,3 +146,21 @@ def test_disk_fit_holds_every_stopped_runs_save(tmp_path):
     assert disk_fit(6, tmp_path, base) == 6
     (base / "model.safetensors").unlink()
     assert disk_fit(6, tmp_path, base) == 6  # no safetensors: nothing to estimate from, the plan's number
+
+
+def test_train_runs_only_the_seeds_asked_and_refuses_seeds_not_in_the_plan(tmp_path, capsys):
+    work, out = tmp_path / "w", tmp_path / "o"
+    assert (
+        launch_main([PLANS[1], "train", "--smoke", "--seeds", "1", "--work", str(work), "--out", str(out)])
+        == 1
+    )
+    assert "--seeds [1]: not among" in capsys.readouterr().err  # the H200 plan has one run per arm, no seeds
+    assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
+    assert (
+        launch_main([PLANS[0], "train", "--smoke", "--seeds", "5", "--work", str(work), "--out", str(out)])
+        == 0
+    )
+    assert sorted(p.name for p in (work / "runs").iterdir() if p.is_dir()) == [
+        "smollm2-S0-s5",
+        "smollm2-S2-s5",
+    ]

@@ -185,9 +185,7 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
             pack(plan, work, out)
             return 1
         parallel = fitting(parallel, leader.pid, b.get("gpu_share", 0.9), b.get("memory_growth", 1.0))
-    if (
-        b.get("drop_finished_weights") and not smoke
-    ):  # the plan's weights stay on the GPU machine: its disk binds
+    if b.get("drop_finished_weights") and not smoke:  # weights stay on the GPU machine: its disk binds
         base = Path(common[common.index("--model_name_or_path") + 1])
         parallel = disk_fit(parallel, work, base)
     dropped: set[Path] = set()

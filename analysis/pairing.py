@@ -92,7 +92,7 @@ def expand_runs(spec) -> list[Path]:
     for item in spec if isinstance(spec, list | tuple) else [spec]:
         for part in filter(None, (p.strip() for p in str(item).split(","))):
             if re.search(r"[*?[]", part):
-                found = sorted(p for p in glob.glob(part) if (Path(p) / "run.json").is_file())
+                found = sorted(p for p in glob.glob(part) if archive.exists(Path(p) / "run.json"))
                 if not found:
                     raise CompareError(f"{part!r} matches no run directory (no match holds a run.json)")
                 paths += map(Path, found)

@@ -62,7 +62,7 @@ def read_report(report: Path) -> Published:
 def committed_run(experiment: Path, recorded: str) -> Path | None:
     """The folder under `experiment` whose path ends with the recorded run directory's last two parts."""
     tail = Path(recorded).parts[-2:]
-    found = [p for p in experiment.glob(f"**/{tail[-1]}") if p.is_dir() and p.parts[-len(tail) :] == tail]
+    found = [p for p in archive.folders(experiment) if p.parts[-len(tail) :] == tail]
     return found[0] if len(found) == 1 else None
 
 

@@ -1,12 +1,12 @@
-"""Published rows, compressed: one `rows.tar.xz` per published folder holds every `.jsonl` and `.log` file under
-it, byte for byte, and the readers of rundir/ read them from there as if they were on disk.
+"""Published rows, compressed: one `rows.tar.xz` per published folder holds every `.jsonl` and `.log` file and every
+run.json under it, byte for byte, and the readers of rundir/ read them from there as if they were on disk.
 
 A published experiment (docs/experiment-*/<launch>/) is run directories whose rows repeat across runs (the same
 base evaluation in every seed, the same prompts): compressed together they take 1.3 MB where the plain files
 took 50 MB, 3.8 MB compressed run by run and 7.3 MB file by file with gzip. xz and tar are Python's own
 (lzma, tarfile): nothing to install, and `tar -xJf rows.tar.xz` gives back the files as the runs wrote them.
 
-    python -m rundir.archive pack docs/experiment-real/launch7     # the .jsonl/.log files -> rows.tar.xz
+    python -m rundir.archive pack docs/experiment-real/launch7     # the .jsonl/.log files and run.json -> rows.tar.xz
     python -m rundir.archive unpack docs/experiment-real/launch7 DEST   # a plain copy of the folder in DEST
 
 `pack` reads the archive back and compares every member with its file before it deletes a single one; a folder
@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 ARCHIVE = "rows.tar.xz"
 PACKED = (".jsonl", ".log")
+PACKED_NAMES = ("run.json",)  # 86 published run.json files: 1.5 MB plain, 13 KB packed
 
 
 class ArchiveError(ValueError):
@@ -49,6 +50,11 @@ def _read(archive: Path, _mtime: int, _size: int) -> dict[str, bytes]:
     except (tarfile.TarError, lzma.LZMAError, EOFError) as e:
         raise ArchiveError(f"{archive}: not a readable tar.xz ({e})") from None
     return members
+
+
+@lru_cache(maxsize=64)  # names only, so every published archive fits
+def _names(archive: Path, mtime: int, size: int) -> tuple[str, ...]:
+    return tuple(_read(archive, mtime, size))
 
 
 def _containing(path: Path) -> tuple[Path, str] | None:
@@ -80,6 +86,18 @@ def exists(path: Path | str) -> bool:
     return Path(path).is_file() or _containing(Path(path)) is not None
 
 
+def folders(root: Path | str) -> set[Path]:
+    """Every folder under `root` that holds a file, on disk or in an archive (a published run folder whose files
+    are all packed exists only in its archive)."""
+    root = Path(root)
+    found = {p.parent for p in root.rglob("*") if p.is_file()}
+    for archive in root.rglob(ARCHIVE):
+        stat = archive.stat()
+        for name in _names(archive.resolve(), stat.st_mtime_ns, stat.st_size):
+            found |= {archive.parent / parent for parent in PurePosixPath(name).parents if str(parent) != "."}
+    return found
+
+
 def listing(folder: Path | str, pattern: str) -> list[Path]:
     """The files of `folder` (not below it) matching `pattern`, on disk and in archives above it, sorted."""
     folder = Path(folder)
@@ -102,15 +120,17 @@ def listing(folder: Path | str, pattern: str) -> list[Path]:
 
 
 def pack(folder: Path) -> Path:
-    """Every .jsonl and .log file under `folder` into folder/rows.tar.xz (same bytes; deterministic: sorted,
+    """Every .jsonl and .log file and run.json under `folder` into folder/rows.tar.xz (same bytes; deterministic: sorted,
     no times or owners), checked by reading it back, then the plain files removed."""
     folder = Path(folder)
     archive = folder / ARCHIVE
     if archive.exists():
         raise ArchiveError(f"{archive}: exists; unpack it and pack the folder again")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in PACKED)
+    files = sorted(
+        p for p in folder.rglob("*") if p.is_file() and (p.suffix in PACKED or p.name in PACKED_NAMES)
+    )
     if not files:
-        raise ArchiveError(f"{folder}: no {' or '.join(PACKED)} files to pack")
+        raise ArchiveError(f"{folder}: no {', '.join(PACKED + PACKED_NAMES)} files to pack")
     tmp = archive.with_name(ARCHIVE + ".tmp")
     with tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
         for path in files:
@@ -148,9 +168,9 @@ def unpack(folder: Path, dest: Path) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rundir.archive", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
-    sub.add_parser("pack", help="FOLDER's .jsonl and .log files into FOLDER/rows.tar.xz").add_argument(
-        "folder", type=Path
-    )
+    sub.add_parser(
+        "pack", help="FOLDER's .jsonl, .log and run.json files into FOLDER/rows.tar.xz"
+    ).add_argument("folder", type=Path)
     u = sub.add_parser("unpack", help="a plain copy of FOLDER, its archive unpacked, in DEST")
     u.add_argument("folder", type=Path)
     u.add_argument("dest", type=Path)

@@ -240,10 +240,10 @@ class Run:
     def __init__(self, run_dir: Path | str):
         self.dir = Path(run_dir)
         meta_path = self.dir / "run.json"
-        if not meta_path.is_file():
+        if not archive.exists(meta_path):
             raise RunFileError(f"{self.dir}: not a run directory (no run.json)")
         try:
-            self.meta = json.loads(meta_path.read_text())
+            self.meta = json.loads(archive.read_bytes(meta_path))
         except json.JSONDecodeError as e:
             raise RunFileError(f"{meta_path}: not valid JSON ({e})") from None
         if missing := [f for f in RUN_FIELDS if f not in self.meta]:

@@ -23,10 +23,11 @@ def plain(tmp_path) -> Path:
 def test_a_packed_run_reads_as_its_plain_files(plain, tmp_path):
     packed = tmp_path / "packed"
     shutil.copytree(plain, packed)
-    before = {p.relative_to(plain) for p in plain.rglob("*") if p.suffix in (".jsonl", ".log")}
+    rows = lambda p: p.suffix in (".jsonl", ".log") or p.name == "run.json"  # noqa: E731  (what is packed)
+    before = {p.relative_to(plain) for p in plain.rglob("*") if rows(p)}
     assert before and (plain / "runs/S2/results/steps.jsonl").is_file()
     archive.pack(packed)
-    assert not [p for p in packed.rglob("*") if p.suffix in (".jsonl", ".log")]  # the plain files are gone
+    assert not [p for p in packed.rglob("*") if rows(p)]  # the plain files are gone
     a, b = Run(plain / "runs/S2"), Run(packed / "runs/S2")
     assert b.steps == a.steps and list(b.eval_files) == list(a.eval_files)
     assert b.scores == a.scores and b.table(40) == a.table(40)
@@ -78,4 +79,4 @@ def test_unpack_gives_a_plain_copy_and_the_cli_says_one_line(plain, tmp_path, ca
     assert archive.main(["unpack", str(H200), str(plain)]) == 1
     assert capsys.readouterr().err.strip() == f"error: {plain}: exists; unpack into a new folder"
     assert archive.main(["pack", str(tmp_path / "nothing-here")]) == 1
-    assert "no .jsonl or .log files to pack" in capsys.readouterr().err
+    assert "no .jsonl, .log, run.json files to pack" in capsys.readouterr().err

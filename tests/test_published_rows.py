@@ -11,20 +11,10 @@ from rundir.archive import unpack
 
 ROOT = Path(__file__).resolve().parent.parent
 H200 = ROOT / "docs/experiment-h200/result/comparisons/S2_vs_S0/report.md"
-# The first embedded experiment's runs stayed on the lent machine: those reports have no rows. Its re-run,
-# docs/experiment-embedded/seeds6/, has them (runs/<run>/ beside <A>_vs_<B>/report.md).
-NO_ROWS_YET = pytest.mark.xfail(reason="issue 28: embedded runs' rows not committed yet", strict=False)
 
 
 def _reports() -> list:
-    return [
-        pytest.param(
-            r,
-            id=str(r.relative_to(ROOT / "docs")),
-            marks=[NO_ROWS_YET] if "embedded" in str(r) and "seeds6" not in str(r) else [],
-        )
-        for r in published_reports(ROOT / "docs")
-    ]
+    return [pytest.param(r, id=str(r.relative_to(ROOT / "docs"))) for r in published_reports(ROOT / "docs")]
 
 
 def test_the_h200_report_is_published_with_its_rows():

@@ -10,6 +10,7 @@ import pytest
 from launch.base import at_cap, cell_tasks, choose
 from launch.plan import load
 from launch.report import report
+from rundir.archive import read_bytes
 from rundir.files import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def _runs() -> list[Path]:
 def test_every_run_ran_from_amendment_1s_commit_and_started_after_it():
     assert len(_runs()) == 9  # seeds 0-3 of both arms and S0-s4; the rest never started
     for run in _runs():
-        info = json.loads((run / "run.json").read_text())
+        info = json.loads(read_bytes(run / "run.json"))  # from launch1/rows.tar.xz
         assert info["code"]["commit"] == AMENDMENT_1[0] and info["started"] > AMENDMENT_1[1], run
 
 

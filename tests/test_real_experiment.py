@@ -12,7 +12,7 @@ from launch.base import at_cap, cell_tasks, choose
 from launch.plan import load
 from launch.report import Launch, arm_trajectory, primary, report
 from launch.runs import fitting
-from rundir.archive import unpack
+from rundir.archive import folders, read_bytes, unpack
 from rundir.files import read_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,10 +56,12 @@ def test_every_run_started_after_the_plan_was_committed():
     amendment = "2026-12-02T00:03:27Z"  # amendment 1 (9e99860), before launches 4 and 5
     amendment2 = "2026-12-02T02:58:34Z"  # amendment 2 (f172719), before launch 6
     amendment3 = "2026-12-02T05:31:27Z"  # amendment 3 (0bca07a), before launch 7
-    runs = sorted(DOCS.glob("*/smollm2-S*-s*/run.json"))
+    runs = sorted(
+        f / "run.json" for f in folders(DOCS) if f.parent.parent == DOCS and f.name.startswith("smollm2-S")
+    )
     assert len(runs) == 12 + 12 + 2 + 12 + 1 + 12 + 12
     for path in runs:
-        info = json.loads(path.read_text())
+        info = json.loads(read_bytes(path))  # published run.json files are in rows.tar.xz
         after = {"launch4": amendment, "solo": amendment, "launch6": amendment2, "launch7": amendment3}.get(
             path.parts[-3], plan_committed
         )

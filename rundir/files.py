@@ -263,6 +263,8 @@ class Run:
         self._tables: dict[int, Table] = {}
 
     def _numbered(self, pattern: re.Pattern) -> list[int]:
+        if not self.dir.is_dir():  # a published run whose files are all in rows.tar.xz: no stepNNN/ either
+            return []
         return sorted(
             int(m[1]) for p in self.dir.iterdir() if p.is_dir() and (m := pattern.fullmatch(p.name))
         )

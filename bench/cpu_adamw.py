@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/cpu_adamw.py                         # CPU: ~3M and ~100M parameters
     python bench/cpu_adamw.py --device cuda --params 2e9        # GPU: also peak GPU memory
+    python bench/cpu_adamw.py --device cuda --params 1.8e9 --on-device   # the state on the GPU too
 
 The model is a stack of square bias-free Linear weights (no forward pass: gradients are random), so
 the figures are the optimizer's alone. On CPU both optimizers update fp32 parameters in place of the
@@ -59,7 +60,9 @@ def run_optimizer(kind: str, n: float, args) -> tuple[float, float | None, CPUAd
     params = make_params(n, args.device, dtype)
     count = sum(p.numel() for _, p in params)
     if kind == "cpu_adamw":
-        opt = CPUAdamW(params, lr=1e-5, weight_decay=0.1, chunk_elems=args.chunk_elems)
+        opt = CPUAdamW(
+            params, lr=1e-5, weight_decay=0.1, chunk_elems=args.chunk_elems, on_device=args.on_device
+        )
     else:
         opt = torch.optim.AdamW([p for _, p in params], lr=1e-5, weight_decay=0.1)
     seconds = time_steps(opt, args.steps, args.device)
@@ -87,6 +90,7 @@ def main() -> None:
     ap.add_argument("--params", type=float, nargs="+", default=[3e6, 1e8], help="parameter counts to run")
     ap.add_argument("--steps", type=int, default=5, help="timed steps per optimizer (after one warm-up)")
     ap.add_argument("--chunk-elems", type=int, default=2**20, help="CPUAdamW chunk_elems")
+    ap.add_argument("--on-device", action="store_true", help="CPUAdamW's state on the parameters' device")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--no-adamw", action="store_true", help="skip the torch.optim.AdamW baseline")
     ap.add_argument("--no-state", action="store_true", help="skip the state save/load measurement")
@@ -101,7 +105,8 @@ def main() -> None:
           f"torch {torch.__version__}, chunk_elems={args.chunk_elems}")  # fmt: skip
     for n in args.params:
         seconds, peak, opt, count = run_optimizer("cpu_adamw", n, args)
-        line = f"params={count / 1e6:.1f}M  CPUAdamW step {seconds * 1e3:.1f} ms"
+        where = "state on the device" if args.on_device else "state on the host"
+        line = f"params={count / 1e6:.1f}M  CPUAdamW ({where}) step {seconds * 1e3:.1f} ms"
         if peak is not None:
             line += f" (peak GPU {peak:.2f} GiB)"
         if not args.no_state:

@@ -89,7 +89,7 @@ from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
 from trainer.grpo import CapGRPOTrainer  # noqa: E402
 from trainer.sharding import is_sharded  # noqa: E402
-from trainer.train import load_base_model  # noqa: E402
+from trainer.train import apply_determinism, load_base_model  # noqa: E402
 
 VLLM_RUNS = ("ours-vllm", "ours-vllm-sleep", "ours-vllm-stale", "plain-vllm")
 # TRL's own sampler-agreement metrics (plain TRL + vLLM); ours records trainer/sampler_agreement.py's
@@ -483,6 +483,9 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         compiled_generation=a.compiled,
         use_cpu=not on_cuda,
         cpu_adamw=a.cpu_adamw,
+        adamw_state_on_gpu=a.adamw_state_on_gpu,  # ours only: plain TRL gets cpu_adamw_for()
+        deterministic=a.deterministic,
+        compile_gated_delta_terms=a.compile_gated_delta_terms,
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -583,12 +586,17 @@ def run_arm(
     trainer.add_callback(probe)
     with probe.generation_timer():
         trainer.train()
-    optimizer = type(getattr(trainer.optimizer, "optimizer", trainer.optimizer)).__name__
+    opt = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    optimizer = type(opt).__name__ + (" (state on the GPU)" if getattr(opt, "on_device", False) else "")
     params = sum(p.numel() for p in model.parameters())
+    weights = hashlib.sha256()  # the trained weights' bytes in parameter order: --compare-with checks them
+    for p in model.parameters():
+        weights.update(p.detach().contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
     probe.trainer = None  # the caller frees the GPU memory once this frame's references are gone
     return {
         "optimizer": optimizer,
         "params": params,
+        "weights_sha256": weights.hexdigest(),
         "max_sampling_rounds": rounds,
         "init_seconds": round(init_seconds, 1),
         "settings": {
@@ -686,6 +694,11 @@ def compare(result: dict, path: Path, rtol: float) -> list[str]:
                     )
                 elif mine != ref:
                     lines.append(f"DIFFERS {name} step {r['step']} {key}: {mine} here, {ref} in {path}")
+        mine, ref = run.get("weights_sha256"), other["runs"].get(name, {}).get("weights_sha256")
+        if mine and ref:
+            lines.append(
+                f"{'equal' if mine == ref else 'DIFFERS'} {name} weights sha256 {mine[:16]}, {ref[:16]} there"
+            )
     return lines
 
 
@@ -729,6 +742,22 @@ def parse(argv=None):
     )
     ap.add_argument("--p-ended", type=float, default=0.5, help="share of random-model rollouts ending early")
     ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
+    ap.add_argument(
+        "--compile-gated-delta-terms",
+        action="store_true",
+        help="ours: compile_gated_delta_terms (the chunk-parallel part of our rule compiled)",
+    )
+    ap.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="deterministic: true (trainer/train.py apply_determinism); --compare-with --rtol 0 checks two runs",
+    )
+    ap.add_argument(
+        "--adamw-state-on-gpu",
+        type=lambda s: {"true": True, "false": False}[s.lower()],
+        default=None,
+        help="ours: CPUAdamW's state on the GPU (default: our trainer decides by its memory estimate)",
+    )
     ap.add_argument("--no-grad-ckpt", action="store_true", help="CUDA: gradient checkpointing off")
     ap.add_argument(
         "--ours-batch",
@@ -807,6 +836,7 @@ def child_command(argv: list[str], name: str, runs: dict, out: Path) -> list[str
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     a = parse(argv)
+    apply_determinism(a)  # --deterministic: before any CUDA work, as trainer.train does
     generation.KEEP_STATIC_CACHE = a.generation_cache == "kept"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")

@@ -26,7 +26,7 @@ import torch  # noqa: E402
 from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
-from trainer.chunked_gated_delta import NAME, chunked_gated_delta_rule  # noqa: E402
+from trainer.chunked_gated_delta import NAME, chunked_gated_delta_rule, compiled_rule  # noqa: E402
 
 H200_BF16_FLOPS = 790e12  # dense, the device README's figure
 
@@ -113,8 +113,9 @@ def rule_in_place(model, rule: str) -> Iterator[None]:
     """The chosen chunked rule under the name the layers look up at each call, transformers' again after."""
     module = gdn_module(model)
     reference = getattr(module, NAME)
+    rules = {"ours": chunked_gated_delta_rule, "ours-compiled-terms": compiled_rule()}
     if rule != "transformers":
-        setattr(module, NAME, chunked_gated_delta_rule if rule == "ours" else torch.compile(reference))
+        setattr(module, NAME, rules[rule] if rule in rules else torch.compile(reference))
     try:
         yield
     finally:
@@ -179,10 +180,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", action="store_true", help="also profile one micro-batch")
     ap.add_argument(
         "--rule",
-        choices=("transformers", "ours", "compiled"),
+        choices=("transformers", "ours", "ours-compiled-terms", "compiled"),
         default="ours",
         help="the linear attention's chunked gated delta rule: transformers' torch fallback (plain TRL's), ours "
-        "(trainer/chunked_gated_delta.py, the trainer's on GPUs), or transformers' under torch.compile",
+        "(trainer/chunked_gated_delta.py, the trainer's on GPUs), ours with its chunk-parallel part compiled "
+        "(compile_gated_delta_terms), or transformers' under torch.compile",
     )
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)

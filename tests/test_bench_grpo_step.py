@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 SPEC = importlib.util.spec_from_file_location(
     "grpo_step", Path(__file__).parent.parent / "bench" / "grpo_step.py"
@@ -117,10 +118,14 @@ def test_benchmark_runs_and_matches_itself(tmp_path):
     assert set(first["runs"]) == {"ours", "plain"} and first["ratio_ours_over_plain"]["total"] > 0
     ours, plain = first["runs"]["ours"]["steps"][0], first["runs"]["plain"]["steps"][0]
     assert ours["sampled"] == plain["sampled"] == 2 and ours["qualified"] == plain["qualified"]
-    second = grpo_step.main(
-        [*tiny.split(), "--coin-rollouts", "--compare-with", str(tmp_path / "a" / "grpo_step.json")]
-    )
+    against = ["--compare-with", str(tmp_path / "a" / "grpo_step.json"), "--rtol", "0"]
+    try:  # --deterministic (a no-op on a CPU, whose kernels already are): equal to the bit, weights included
+        second = grpo_step.main([*tiny.split(), "--coin-rollouts", "--deterministic", *against])
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert second["comparison"]["verdict"] == "MATCH"
+    assert second["runs"]["ours"]["weights_sha256"] == first["runs"]["ours"]["weights_sha256"]
+    assert any(x.startswith("equal ours weights sha256") for x in second["comparison"]["lines"])
 
 
 @pytest.mark.slow

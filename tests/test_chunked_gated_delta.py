@@ -6,7 +6,7 @@ import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
 from bench.grpo_step import padded_tokenizer, random_qwen35
-from trainer.chunked_gated_delta import NAME, chunked_gated_delta, chunked_gated_delta_rule
+from trainer.chunked_gated_delta import NAME, chunked_gated_delta, chunked_gated_delta_rule, compiled_rule
 
 REFERENCE = getattr(modeling_qwen3_5, NAME)
 
@@ -164,3 +164,32 @@ def test_the_trainer_loss_passes_run_ours_when_the_config_says(tmp_path, monkeyp
     assert logs[False]["grad_norm"] > 0
     assert logs[True]["loss"] == pytest.approx(logs[False]["loss"], rel=1e-4, abs=1e-7)
     assert logs[True]["grad_norm"] == pytest.approx(logs[False]["grad_norm"], rel=1e-4)
+
+
+@pytest.mark.slow
+def test_compiled_terms_give_ours_at_every_length_without_compiling_per_length():
+    # compile_gated_delta_terms: the chunk-parallel part compiled dynamic in the chunk count (the chunk loop
+    # stays eager), so new row lengths do not compile again. The first call's sizes can collide (torch's duck
+    # sizing: a chunk count equal to another dimension), which costs one recompile, never one per length.
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    graphs = []
+    for length in (128, 192, 256, 384, 512):
+        xs = leaves(5, length, 2, 4, 16, torch.float32, seed=length)
+        want, want_final, want_grads = forward_backward(chunked_gated_delta_rule, xs, 64, True, True)
+        got, final, grads = forward_backward(compiled_rule(), xs, 64, True, True)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(final, want_final, rtol=1e-5, atol=1e-5)
+        for a, b in zip(grads, want_grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[1] <= 2 and graphs[-1] == graphs[1], graphs
+    model = random_qwen35(
+        type("Args", (), dict(hidden=32, layers=4, intermediate=64, vocab=300, p_ended=0, cap=8, seed=0)),
+        padded_tokenizer(300),
+        torch.device("cpu"),
+    )
+    with chunked_gated_delta(model, compiled_terms=True):
+        assert getattr(modeling_qwen3_5, NAME) is compiled_rule()
+    assert getattr(modeling_qwen3_5, NAME) is REFERENCE

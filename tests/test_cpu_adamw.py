@@ -222,3 +222,47 @@ def test_cuda_bf16_params_with_host_state():
     for s, p in zip(shadow, model.parameters()):
         assert torch.equal(opt.state[p]["master"], s)
         assert torch.equal(p.cpu(), s.to(torch.bfloat16))
+
+
+def test_state_on_the_parameters_device_matches_torch_adamw_and_resumes_exactly():
+    # on a CPU "on the device" is the host, unstaged: the logic the GPU-resident mode runs, over many batches
+    ref_model, model = make_model(), make_model()
+    ref = torch.optim.AdamW(groups(ref_model, named=False), **HYPER)
+    opt = CPUAdamW(groups(model), **HYPER, chunk_elems=4099, on_device=True)
+    for step in range(3):
+        for m, o in ((ref_model, ref), (model, opt)):
+            backward(m, step)
+            o.step()
+    assert all(torch.equal(a, b) for a, b in zip(ref_model.parameters(), model.parameters()))
+    tensors, meta = opt.export_state()
+    again = make_model()
+    resumed = CPUAdamW(groups(again), **HYPER, chunk_elems=4099, on_device=True)
+    resumed.import_state({k: v.clone() for k, v in tensors.items()}, meta)
+    for m, o in ((model, opt), (again, resumed)):
+        backward(m, 3)
+        o.step()
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), again.parameters()))
+    with pytest.raises(ValueError, match="on_device state stages nothing"):
+        CPUAdamW(groups(make_model()), **HYPER, on_device=True, stage_all=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_bf16_params_with_device_state_match_torch_adamw_on_the_gpu():
+    model = make_model(torch.bfloat16, "cuda")
+    shadow_model = copy.deepcopy(model).float()  # fp32 on the GPU: torch's AdamW runs the same ops there
+    shadow = list(shadow_model.parameters())
+    opt = CPUAdamW(groups(model), **HYPER, chunk_elems=4099, on_device=True)
+    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER, foreach=True)
+    for step in range(3):
+        backward(model, step)
+        for s, p in zip(shadow, model.parameters()):
+            s.grad = None if p.grad is None else p.grad.float()
+        opt.step()
+        ref.step()
+    for s, p in zip(shadow, model.parameters()):
+        assert opt.state[p]["master"].device.type == "cuda"
+        assert torch.equal(opt.state[p]["master"], s)
+        assert torch.equal(p, s.to(torch.bfloat16))
+    assert not opt._ring[0]  # nothing staged through host buffers
+    tensors, _ = opt.export_state()
+    assert all(t.device.type == "cpu" for t in tensors.values())  # saved from host copies

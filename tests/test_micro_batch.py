@@ -185,3 +185,28 @@ def test_the_estimate_covers_what_autograd_saves(family):
     for kind, saved in found["saved_bytes_per_token_per_layer"].items():
         assert saved <= micro_batch.layer_bytes(text, kind, 4) * micro_batch.SAFETY, kind
     assert found["saved_bytes_per_token_head"] <= micro_batch.bytes_per_token(text, 4, False)[1]
+
+
+def test_adamw_state_goes_to_the_gpu_only_when_the_same_micro_batch_fits_beside_it(tiny, tmp_path):
+    _, model = tiny
+    text = model.config.get_text_config()
+    state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    row = row_bytes(text, PROMPT + CAP, CAP, False)
+    args = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False)  # 32 rollouts
+    roomy = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=32 * row + state)
+    assert (roomy.rows, roomy.adamw_state_on_gpu) == (32, True)
+    # a budget the state would take a row from: the state stays on the host and the micro-batch keeps 32 rows
+    tight = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=32 * row + state / 2)
+    assert (tight.rows, tight.adamw_state_on_gpu) == (32, False)
+    # asked for: the micro-batch is sized in what the state leaves
+    forced = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, adamw_state_on_gpu=True)
+    chosen = micro_batch.size_micro_batch(forced, model, PROMPT, budget_bytes=32 * row + state / 2)
+    assert (chosen.rows, chosen.adamw_state_on_gpu) == (16, True)
+    off = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, adamw_state_on_gpu=False)
+    assert not micro_batch.size_micro_batch(off, model, PROMPT, budget_bytes=1e15).adamw_state_on_gpu
+    # torch's AdamW keeps its own state on the device: nothing to decide, and asking for it is refused
+    assert not micro_batch.size_micro_batch(
+        config(tmp_path), model, PROMPT, budget_bytes=1e15
+    ).adamw_state_on_gpu
+    with pytest.raises(ConfigError, match="adamw_state_on_gpu: true needs CPUAdamW"):
+        config(tmp_path, cpu_adamw=False, adamw_state_on_gpu=True)

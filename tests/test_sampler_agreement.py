@@ -100,11 +100,38 @@ def test_agreement_leaves_out_masked_and_unscored_tokens():
     assert got["tokens"] == 4  # the NaN and the masked token are out
     assert got["mean_abs_delta"] == pytest.approx((0.1 + 0.0 + 0.0 + 0.2) / 4)
     assert got["max_abs_delta"] == pytest.approx(0.2)
+    assert got["mean_delta"] == pytest.approx((0.1 + 0.0 + 0.0 + 0.2) / 4)
     assert got["ratio_min"] == pytest.approx(math.exp(0.1))
     assert got["ratio_max"] == pytest.approx(math.exp(0.2))
+    assert got["tokens_outside"] == 0
     assert sampler_agreement.agreement(trainer, sampler, torch.zeros(2, 3)) is None
-    outside = dict(got, mean_abs_delta=0.01, ratio_max=3.5)
-    assert sampler_agreement.failures(outside) == ["importance ratio 1.11-3.5 outside (0.333, 3.0)"]
+
+
+def test_the_token_ratio_bound_counts_tokens_not_rollouts():
+    # 200 tokens per rollout, each 0.02 nats likelier under the trainer: every token's ratio is 1.02, the
+    # rollout's is e^4 = 55 (beyond TRL's clip of 3); no token is outside, so the engine passes
+    trainer = torch.full((2, 200), -1.0)
+    long = sampler_agreement.agreement(trainer, trainer - 0.02, torch.ones(2, 200))
+    assert long["ratio_max"] == pytest.approx(math.exp(4.0), rel=1e-4)
+    assert sampler_agreement.failures(long) == []
+    # 5 of 400 tokens (1.25%) with a ratio of e^1.2 = 3.3: over the 1% share, though the mean |Δ| is small
+    sampler = trainer.clone()
+    sampler[0, :5] -= 1.2
+    few = sampler_agreement.agreement(trainer, sampler, torch.ones(2, 200))
+    assert few["tokens_outside"] == 5 and few["mean_abs_delta"] < sampler_agreement.MAX_MEAN_ABS_DELTA
+    assert sampler_agreement.failures(few) == ["1.25% of tokens with a ratio outside (0.333, 3.0) > 1%"]
+    assert sampler_agreement.failures(dict(few, tokens_outside=4)) == []
+
+
+def test_records_of_several_processes_combine_by_tokens():
+    one = sampler_agreement.agreement(torch.zeros(1, 2), torch.tensor([[-0.1, 0.1]]), torch.ones(1, 2))
+    two = sampler_agreement.agreement(torch.zeros(1, 4), torch.full((1, 4), -2.0), torch.ones(1, 4))
+    both = sampler_agreement.combine([one, None, two])
+    assert both["tokens"] == 6 and both["tokens_outside"] == 4
+    assert both["mean_abs_delta"] == pytest.approx((0.2 + 8.0) / 6)
+    assert both["mean_delta"] == pytest.approx((0.0 + 8.0) / 6)
+    assert both["ratio_max"] == pytest.approx(math.exp(8.0)) and both["ratio_min"] == pytest.approx(1.0)
+    assert sampler_agreement.combine([None]) is None
 
 
 def test_the_trainer_records_it_in_the_steps_row_from_trls_scoring_output():

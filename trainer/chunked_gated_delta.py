@@ -20,6 +20,7 @@ identity (64 right-hand sides instead of 2 x 128) so U and W are plain products.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import sys
 from collections.abc import Iterator
@@ -43,36 +44,14 @@ def unit_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.square().sum(-1, keepdim=True) + eps)  # fla's l2norm, which transformers follows
 
 
-def chunked_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    chunk_size: int = 64,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q, k [B, T, Hk, dk], v [B, T, H, dv], g and beta [B, T, H] -> (out [B, T, H, dv] in q's dtype, the final
-    state [B, H, dk, dv] or None). Key heads serve H // Hk consecutive value heads."""
-    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
-        raise ValueError(
-            "chunked_gated_delta_rule: packed sequences (cu_seqlens) need flash-linear-attention"
-        )
-    dtype, (b, t, hk, dk), (h, dv) = query.dtype, key.shape, value.shape[-2:]
-    if hk != h:
-        query, key = (x.repeat_interleave(h // hk, dim=2) for x in (query, key))
-    pad = -t % chunk_size  # zero keys, values and queries with beta 0 and no decay: they change nothing
-    if pad:
-        query, key, value = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (query, key, value))
-        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
-    q, k, v, g, beta = (to_chunks(x, chunk_size) for x in (query, key, value, g, beta))
-    if use_qk_l2norm_in_kernel:
+def chunk_terms(q, k, v, g, beta, l2norm: bool):
+    """The chunk-parallel part, on [N, B, H, C, ...] float32 chunks: U, W, the state-reading queries, the
+    state-writing keys, the within-chunk scores (Q K^T * D) and each chunk's total decay. Nothing here depends
+    on the chunk count, so `torch.compile(chunk_terms, dynamic=True)` serves every length with one graph."""
+    chunk_size, dk = q.shape[-2], q.shape[-1]
+    if l2norm:
         q, k = unit_norm(q), unit_norm(k)
     q = q * dk**-0.5
-
     G = g.cumsum(-1)  # [N, B, H, C]
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     D = (G[..., :, None] - G[..., None, :]).masked_fill(~causal, float("-inf")).exp()
@@ -86,7 +65,39 @@ def chunked_gated_delta_rule(
     q_read = q * G.exp()[..., None]  # reads the state as it was when the chunk began
     k_write = k * (G[..., -1:] - G).exp()[..., None]  # writes it as of the chunk's end
     intra = q @ k.transpose(-1, -2) * D
-    carry = G[..., -1].exp()[..., None, None]
+    return U, W, q_read, k_write, intra, G[..., -1].exp()[..., None, None]
+
+
+def chunked_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    terms=None,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q, k [B, T, Hk, dk], v [B, T, H, dv], g and beta [B, T, H] -> (out [B, T, H, dv] in q's dtype, the final
+    state [B, H, dk, dv] or None). Key heads serve H // Hk consecutive value heads. `terms`: chunk_terms or
+    a compiled form of it (bench/gated_delta_rule.py `ours-compiled-terms`)."""
+    terms = terms or chunk_terms
+    if kwargs.get("cu_seqlens") is not None or kwargs.get("seq_idx") is not None:
+        raise ValueError(
+            "chunked_gated_delta_rule: packed sequences (cu_seqlens) need flash-linear-attention"
+        )
+    dtype, (b, t, hk, dk), (h, dv) = query.dtype, key.shape, value.shape[-2:]
+    if hk != h:
+        query, key = (x.repeat_interleave(h // hk, dim=2) for x in (query, key))
+    pad = -t % chunk_size  # zero keys, values and queries with beta 0 and no decay: they change nothing
+    if pad:
+        query, key, value = (F.pad(x, (0, 0, 0, 0, 0, pad)) for x in (query, key, value))
+        g, beta = (F.pad(x, (0, 0, 0, pad)) for x in (g, beta))
+    q, k, v, g, beta = (to_chunks(x, chunk_size) for x in (query, key, value, g, beta))
+    U, W, q_read, k_write, intra, carry = terms(q, k, v, g, beta, use_qk_l2norm_in_kernel)
 
     if initial_state is None:
         state = q.new_zeros(b, h, dk, dv)
@@ -102,6 +113,12 @@ def chunked_gated_delta_rule(
     return (out.contiguous() if pad else out), (state if output_final_state else None)
 
 
+@functools.cache
+def compiled_rule():
+    """Ours with chunk_terms compiled once per process, dynamic in the chunk count (the loop stays eager)."""
+    return functools.partial(chunked_gated_delta_rule, terms=torch.compile(chunk_terms, dynamic=True))
+
+
 def modeling_module(model):
     """The transformers modeling module of the model's layers, seen through any wrapper (PEFT, accelerate)."""
     for m in model.modules():
@@ -112,15 +129,17 @@ def modeling_module(model):
 
 
 @contextlib.contextmanager
-def chunked_gated_delta(model) -> Iterator[None]:
-    """Ours in place of transformers' torch fallback for a Qwen3.5 model's forward passes inside the block.
-    Other architectures, and runs with flash-linear-attention installed (its kernels come first), are untouched."""
+def chunked_gated_delta(model, compiled_terms: bool = False) -> Iterator[None]:
+    """Ours in place of transformers' torch fallback for a Qwen3.5 model's forward passes inside the block
+    (`compiled_terms`: compiled_rule()). Other architectures, and runs with flash-linear-attention installed
+    (its kernels come first), are untouched."""
     module = modeling_module(model)
     reference = getattr(module, NAME, None)
-    if reference is None or FLA or reference is chunked_gated_delta_rule:  # the last: a block inside a block
+    ours = (chunked_gated_delta_rule, compiled_rule())
+    if reference is None or FLA or reference in ours:  # the last: a block inside a block
         yield
         return
-    setattr(module, NAME, chunked_gated_delta_rule)
+    setattr(module, NAME, ours[compiled_terms])
     try:
         yield
     finally:

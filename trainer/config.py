@@ -138,6 +138,20 @@ class CapGRPOConfig(GRPOConfig):
     cpu_adamw: bool | None = field(
         default=None, metadata={"help": "CPU-offloaded AdamW (default: on for single-process GPU runs)."}
     )
+    compile_gated_delta_terms: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile the chunk-parallel part of our chunked gated delta rule (one graph for every "
+            "length; its chunk loop stays eager). Off until measured in whole steps (docs/PERFORMANCE.md)."
+        },
+    )
+    adamw_state_on_gpu: bool | None = field(
+        default=None,
+        metadata={
+            "help": "CPUAdamW's fp32 state on the GPU instead of the host (default: when the memory estimate "
+            "that sizes the micro-batch has room for it at the same micro-batch; run.json launch.micro_batch)."
+        },
+    )
     resume: str | None = field(
         default=None,
         metadata={
@@ -238,6 +252,10 @@ class CapGRPOConfig(GRPOConfig):
         if auto_ckpt:
             self._set_checkpointing(None)
         self._decide_backends(world, torch.cuda.is_available())
+        if self.adamw_state_on_gpu and not self._backends.cpu_adamw:
+            raise ConfigError(
+                "adamw_state_on_gpu: true needs CPUAdamW (cpu_adamw, on by default for one GPU)"
+            )
 
     def _set_accumulation(self, rows: int, world: int) -> None:
         rollouts = self.groups_per_step * self.num_generations

@@ -20,6 +20,11 @@ iterable of `(name, tensor)` pairs or a list of param-group dicts whose "params"
 (torch then stores `group["param_names"]`). The names key `export_state()` / `import_state()`, the
 exact-resume format saved by `rundir.state`.
 
+`on_device=True` keeps the fp32 state beside the parameters instead (GPU-resident: 12 more bytes per parameter
+on the device, no host round trip): the same op sequence runs on the parameter's device, over batches of
+chunk_elems, and the masters are copied into the parameters in place. The trainer picks it when the memory
+estimate that sizes the micro-batch leaves room for it (trainer/micro_batch.py), and records the choice.
+
 State is created lazily, for every parameter at once, at the first `step()` or `import_state()`,
 masters copied from the current parameter values; a parameter keeps `step == 0` (and is left
 untouched, weight decay included) until it first has a grad, which matches torch's per-parameter
@@ -48,6 +53,7 @@ class CPUAdamW(torch.optim.Optimizer):
         chunk_elems: int = 2**20,
         ring_slots: int = 4,
         stage_all: bool = False,  # stage CPU parameters through the ring too: tests its logic on a CPU
+        on_device: bool = False,  # fp32 state on the parameters' device (GPU-resident), nothing staged
     ):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(
@@ -58,7 +64,10 @@ class CPUAdamW(torch.optim.Optimizer):
             raise ValueError(
                 f"CPUAdamW: chunk_elems and ring_slots must be >= 1, got {chunk_elems}, {ring_slots}"
             )
+        if on_device and stage_all:
+            raise ValueError("CPUAdamW: on_device state stages nothing; stage_all contradicts it")
         self.chunk_elems, self.ring_slots, self.stage_all = chunk_elems, ring_slots, stage_all
+        self.on_device = on_device
         names = []
         for group in self.param_groups:
             if len(group.get("param_names", ())) != len(group["params"]):
@@ -84,15 +93,16 @@ class CPUAdamW(torch.optim.Optimizer):
         if self.state:
             return
         for name, p in self._named():
+            device = p.device if self.on_device else "cpu"
             if tensors is None:
-                master = p.detach().to("cpu", torch.float32, copy=True)
+                master = p.detach().to(device, torch.float32, copy=True)
                 st = {
                     "master": master,
                     "exp_avg": torch.zeros_like(master),
                     "exp_avg_sq": torch.zeros_like(master),
                 }
             else:
-                st = {k: tensors[f"{k}/{name}"].to("cpu", torch.float32).contiguous() for k in _MOMENTS}
+                st = {k: tensors[f"{k}/{name}"].to(device, torch.float32).contiguous() for k in _MOMENTS}
             self.state[p] = {"step": 0, **st}
 
     # --- the update -------------------------------------------------------------------------------
@@ -113,7 +123,7 @@ class CPUAdamW(torch.optim.Optimizer):
         return loss
 
     def _staged(self, p: torch.Tensor) -> bool:
-        return p.device.type != "cpu" or self.stage_all
+        return not self.on_device and (p.device.type != "cpu" or self.stage_all)
 
     def _fetch(self, batch: list, slot: int) -> tuple[list[torch.Tensor], torch.cuda.Event | None]:
         """Start copying the batch's grads into ring slot `slot`: (grad views to read, event to wait on)."""
@@ -142,8 +152,9 @@ class CPUAdamW(torch.optim.Optimizer):
         # scalars computed exactly as torch.optim.adam._single_tensor_adam does
         step_size = lr / (1 - beta1**step)
         bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        scratch_g = torch.empty(self.chunk_elems, dtype=torch.float32)
-        scratch_d = torch.empty(self.chunk_elems, dtype=torch.float32)
+        device = params[0].device if self.on_device else "cpu"
+        scratch_g = torch.empty(self.chunk_elems, dtype=torch.float32, device=device)
+        scratch_d = torch.empty(self.chunk_elems, dtype=torch.float32, device=device)
         batches = list(self._batches(params))
         slots = self.ring_slots
         in_flight = {i: self._fetch(batches[i], i % slots) for i in range(min(slots, len(batches)))}
@@ -204,10 +215,10 @@ class CPUAdamW(torch.optim.Optimizer):
     def export_state(self) -> tuple[dict[str, torch.Tensor], dict]:
         """fp32 host tensors keyed "master/<name>", "exp_avg/<name>", "exp_avg_sq/<name>", and JSON meta.
 
-        The tensors are the live state (no copy): save them before the next step.
+        Host state is returned live (no copy): save it before the next step. Device state is copied to the host.
         """
         self._init_state()
-        tensors = {f"{k}/{name}": self.state[p][k] for name, p in self._named() for k in _MOMENTS}
+        tensors = {f"{k}/{name}": self.state[p][k].cpu() for name, p in self._named() for k in _MOMENTS}
         groups = [
             {k: list(g[k]) if k == "betas" else g[k] for k in _HYPER if k in g} for g in self.param_groups
         ]
@@ -221,8 +232,8 @@ class CPUAdamW(torch.optim.Optimizer):
     def import_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Restore masters, moments, per-parameter steps and group hyperparameters; then write the masters
         (cast to the parameter dtype) into the model parameters. Everything is checked before anything
-        changes; a mismatch raises ValueError naming the parameter or field. Before the first step the
-        fp32 CPU tensors are adopted, not copied: the caller's dict then shares the live state."""
+        changes; a mismatch raises ValueError naming the parameter or field. Before the first step host state
+        adopts the fp32 CPU tensors, not copies: the caller's dict then shares the live state."""
         if meta.get("format") != STATE_FORMAT:
             raise ValueError(f"optimizer state format is {meta.get('format')!r}, expected {STATE_FORMAT!r}")
         groups = meta.get("param_groups")

@@ -287,18 +287,8 @@ class CapGRPOTrainer(GRPOTrainer):
         local = sampler_agreement.agreement(
             output["old_per_token_logps"], output["sampling_per_token_logps"], output["completion_mask"]
         )
-        parts = [r for r in gather_object([local]) if r is not None]
-        if parts:
-            tokens = sum(r["tokens"] for r in parts)
-            self.step_record.update(
-                sampler_agreement={
-                    "mean_abs_delta": sum(r["mean_abs_delta"] * r["tokens"] for r in parts) / tokens,
-                    "max_abs_delta": max(r["max_abs_delta"] for r in parts),
-                    "ratio_min": min(r["ratio_min"] for r in parts),
-                    "ratio_max": max(r["ratio_max"] for r in parts),
-                    "tokens": tokens,
-                }
-            )
+        if (record := sampler_agreement.combine(gather_object([local]))) is not None:
+            self.step_record.update(sampler_agreement=record)
 
     def record_train_seconds(self) -> None:
         """`seconds.train` of the step in progress: from its selected batch to now (StepsLog, at step end)."""
@@ -352,7 +342,7 @@ class CapGRPOTrainer(GRPOTrainer):
         # Keep the loss pass's log-probs so the step can report their median over active tokens; on GPUs the
         # forward runs our chunked gated delta rule (its backward moves ~half the bytes of transformers').
         rule = (
-            chunked_gated_delta(self.model)
+            chunked_gated_delta(self.model, self.args.compile_gated_delta_terms)
             if self.args.resolved_backends().chunked_gated_delta
             else nullcontext()
         )
@@ -423,11 +413,14 @@ class CapGRPOTrainer(GRPOTrainer):
             {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
         ]
         groups = [g for g in groups if g["params"]]  # torch refuses an empty group beside named ones (LoRA)
+        on_device = self.args.resolved_micro_batch().adamw_state_on_gpu  # sized with the micro-batch
         self.optimizer = CPUAdamW(
             groups,
             lr=self.args.learning_rate,
             betas=(self.args.adam_beta1, self.args.adam_beta2),
             eps=self.args.adam_epsilon,
+            on_device=on_device,
+            chunk_elems=2**26 if on_device else 2**20,  # few, large batches: a GPU pass is launch-bound below
         )
         return self.optimizer
 

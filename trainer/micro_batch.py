@@ -46,6 +46,7 @@ class MicroBatch:
     checkpointing: bool
     tokens_per_row: int  # the longest rollout: longest prompt + max_completion_length
     basis: str  # why: "explicit", the CPU token budget, or the CUDA memory estimate
+    adamw_state_on_gpu: bool = False  # CPUAdamW's fp32 state beside the weights (absent in older run.json)
 
     def to_json(self) -> dict:
         """run.json `launch.micro_batch`."""
@@ -188,33 +189,48 @@ def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float
     rollouts = args.groups_per_step * args.num_generations // world
     rows, ckpt = args.per_device_train_batch_size, args.gradient_checkpointing
     row_tokens = max_prompt_tokens + args.max_completion_length
+    on_gpu = bool(args.adamw_state_on_gpu)
     if rows is not None and ckpt is not None:
-        return MicroBatch(rows, ckpt, row_tokens, "explicit")
+        return MicroBatch(rows, ckpt, row_tokens, "explicit", on_gpu)
     text = model.config.get_text_config()
     dtype_bytes = next(model.parameters()).element_size()
     on_cuda = torch.cuda.is_available() and not args.use_cpu
     if budget_bytes is None and not on_cuda:
         fits = [n for n in divisors_down(rollouts) if n * row_tokens <= CPU_TOKEN_BUDGET] or [1]
-        return MicroBatch(rows or fits[0], bool(ckpt), row_tokens, f"cpu: {CPU_TOKEN_BUDGET} tokens")
+        return MicroBatch(rows or fits[0], bool(ckpt), row_tokens, f"cpu: {CPU_TOKEN_BUDGET} tokens", on_gpu)
     if budget_bytes is None:
         cache = kept_caches_bytes(args, text, max_prompt_tokens, dtype_bytes)
         static = static_bytes(args, model, world, args.resolved_backends().cpu_adamw, cache)
         static += head_workspace_bytes(text, dtype_bytes)
         budget_bytes = cuda_budget(args, model, static)
+
+    state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)  # fp32 master, two moments
+    if on_gpu:
+        budget_bytes -= state
+    per_token = lambda c: bytes_per_token(text, dtype_bytes, c)  # noqa: E731
     rows, ckpt = choose(
         rollouts,
         row_tokens,
         args.max_completion_length,
-        lambda c: bytes_per_token(text, dtype_bytes, c),
+        per_token,
         budget_bytes,
         rows=rows,
         checkpointing=ckpt,
     )
-    every, completion = bytes_per_token(text, dtype_bytes, ckpt)
-    if (need := rows * (row_tokens * every + args.max_completion_length * completion)) > budget_bytes:
+    every, completion = per_token(ckpt)
+    need = rows * (row_tokens * every + args.max_completion_length * completion)
+    if (
+        args.adamw_state_on_gpu is None
+        and args.resolved_backends().cpu_adamw
+        and need <= budget_bytes - state
+    ):
+        on_gpu, budget_bytes = True, budget_bytes - state  # the state fits beside the same micro-batch
+    if need > budget_bytes:
         logger.warning(
             "per_device_train_batch_size: %d row(s) of %d tokens need ~%.1f GiB of activations by our estimate, "
             "%.1f GiB are left: a step of capped rollouts may run out of memory",
             rows, row_tokens, need / 2**30, budget_bytes / 2**30,
         )  # fmt: skip
-    return MicroBatch(rows, ckpt, row_tokens, f"memory: {math.floor(budget_bytes / 2**30 * 10) / 10} GiB")
+    return MicroBatch(
+        rows, ckpt, row_tokens, f"memory: {math.floor(budget_bytes / 2**30 * 10) / 10} GiB", on_gpu
+    )

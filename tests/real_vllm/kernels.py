@@ -17,7 +17,16 @@ asks for `no_conv_pack()` (the LoRA test, whose rows must not depend on it).
 import runpy
 import sys
 
-import vllm._custom_ops
+import torch
+
+# vLLM's kernel library as an AVX2 CPU loads it (`CpuPlatform.import_kernels` asks torch, when vllm._custom_ops is
+# first imported): an AVX-512 CPU runs AVX2 code, and `_C_AVX2`'s kernels compute like the trainer's torch ops,
+# where `_C`'s bf16 oneDNN and causal-conv kernels on an AVX-512-BF16 CPU put vLLM's log-probs 0.0586 nats from the
+# trainer's (docs/gpu.md). Only vLLM's Python asks these two; torch's own kernels keep their ISA.
+torch.cpu._is_avx512_supported = lambda: False
+torch.cpu._is_avx512_bf16_supported = lambda: False
+
+import vllm._custom_ops  # noqa: E402
 
 vllm._custom_ops._supports_onednn = False  # read by dispatch_cpu_unquantized_gemm at weight loading
 

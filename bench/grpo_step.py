@@ -103,9 +103,12 @@ COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "
 COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm")  # what --compare-with checks
 
 
-def chunked_gated_delta(args) -> bool:
-    """Whether the run's training pass ran our chunked gated delta rule (plain TRL's config has no such field)."""
-    return hasattr(args, "resolved_backends") and args.resolved_backends().chunked_gated_delta
+def rule_of(name: str, args) -> str:
+    """The chunked gated delta rule the run's training pass ran: plain TRL's GRPOTrainer never enters ours,
+    though the shared config resolves it."""
+    if name.startswith("plain") or not args.resolved_backends().chunked_gated_delta:
+        return "transformers"
+    return "ours, chunk terms compiled" if args.compile_gated_delta_terms else "ours"
 
 
 # --- the coin grader ------------------------------------------------------------------------------
@@ -608,7 +611,7 @@ def run_arm(
             else f"vllm colocate{', sleep mode' if args.vllm_enable_sleep_mode else ''}"
             if args.use_vllm
             else "trl",
-            "gated_delta_rule": "ours" if chunked_gated_delta(args) else "transformers",
+            "gated_delta_rule": rule_of(name, args),
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
         "sharded": is_sharded(trainer.model),

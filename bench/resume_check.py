@@ -4,6 +4,7 @@
     python bench/resume_check.py --kill-after 1 -- --config configs/embedded.yaml --max_steps 3 ...
     python bench/resume_check.py --accelerate-config configs/accelerate/fsdp2.yaml --processes 2 -- ...
     python bench/resume_check.py --twice --report twice.json -- --config configs/smollm2.yaml --deterministic true ...
+    python bench/resume_check.py --compare RUN_A RUN_B --report found.json     # two runs that already ran
 
 Everything after `--` goes to `python -m trainer.train`. Prints, per step, whether the task-sampler position,
 the trained task ids, the outcome counts and the eval seeds agree, and the largest weight difference of the
@@ -26,6 +27,9 @@ from safetensors.torch import load_file
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rundir.files import read_jsonl  # noqa: E402
 from trainer.steps_log import MEASURED  # noqa: E402
+
+# timings, and the grader pool's bookkeeping (worker recycling follows the workers' memory, not the run)
+UNCOMPARED = (*MEASURED, "grader")
 
 
 def descendants(pid: int) -> list[int]:
@@ -70,8 +74,14 @@ def main() -> None:
     ap.add_argument("--accelerate-config", default=None, help="`accelerate launch` with this config")
     ap.add_argument("--processes", type=int, default=1, help=">1: `accelerate launch --num_processes N`")
     ap.add_argument("--report", type=Path, default=None, help="also write the findings here as JSON")
+    ap.add_argument(
+        "--compare", nargs=2, type=Path, metavar=("REF", "OUT"), help="only compare two run folders"
+    )
     ap.add_argument("train_args", nargs=argparse.REMAINDER)
     a = ap.parse_args()
+    if a.compare:
+        compare(*a.compare, a.report)
+        return
     args = [x for x in a.train_args if x != "--"]
     launch = [sys.executable]
     if a.accelerate_config or a.processes > 1:  # without a config: --multi_gpu (gloo processes on a CPU)
@@ -87,6 +97,12 @@ def main() -> None:
         train(launch, args, out, kill_after=a.kill_after)
         train(launch, args, out, resume=True)
 
+    compare(ref, out, a.report)
+
+
+def compare(ref: Path, out: Path, report_path: Path | None) -> dict:
+    """Step rows, eval rows and the last checkpoint's weights of two runs (weights: None when neither run kept
+    a stepNNN/; runs copied off a lent machine often keep rows only)."""
     steps = [read_jsonl(d / "results/steps.jsonl") for d in (ref, out)]
     report = [
         {
@@ -105,26 +121,38 @@ def main() -> None:
         == [(x["task_id"], x["sample"], x["seed"]) for x in f]
         for e, f in evals
     )
-    last = max(p.name for p in ref.glob("step[0-9][0-9][0-9]"))
-    wa, wb = load_file(ref / last / "model.safetensors"), load_file(out / last / "model.safetensors")
-    max_diff = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+    last = max((p.name for p in ref.glob("step[0-9][0-9][0-9]")), default=None)
+    max_diff = None
+    if last is not None:
+        wa, wb = load_file(ref / last / "model.safetensors"), load_file(out / last / "model.safetensors")
+        max_diff = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
     print("| step | sampler position | trained task ids | sampled outcomes | |loss diff| |")
     print("|---|---|---|---|---|")
     for x in report:
         print(f"| {x['step']} | {x['sampler']} | {x['tasks']} | {x['outcomes']} | {x['loss_diff']:.3g} |")
     launched = json.loads((ref / "run.json").read_text()).get("launch")
-    newest_state = sorted(out.glob("state[0-9]*"))[-1]
-    rng_entries = len(
-        json.loads((newest_state / "meta.json").read_text())["rng"]
-    )  # no need to load the tensors
+    states = sorted(out.glob("state[0-9]*"))
+    rng_entries = len(json.loads((states[-1] / "meta.json").read_text())["rng"]) if states else None
     print(f"launch: {launched}; stateNNN/ RNG entries: {rng_entries}")
-    print(f"eval seeds identical in {len(names)} files: {seeds}; max |weight diff| in {last}: {max_diff:.3g}")
-    if a.report:  # plus the bitwise view: every field of every row but the timings, every eval row
-        untimed = [[{k: v for k, v in r.items() if k not in MEASURED} for r in rows] for rows in steps]
-        found = {"steps": report, "rows_identical": untimed[0] == untimed[1], "eval_files": len(names)}
-        found |= {"eval_rows_identical": all(e == f for e, f in evals), "eval_seeds_equal": seeds}
-        found |= {"max_weight_diff": max_diff, "launch": launched, "rng_entries": rng_entries}
-        a.report.write_text(json.dumps(found, indent=1))
+    weights = (
+        f"max |weight diff| in {last}: {max_diff:.3g}" if last else "no stepNNN/ kept: weights not compared"
+    )
+    print(f"eval seeds identical in {len(names)} files: {seeds}; {weights}")
+    found = {"steps": report, "eval_files": len(names), "eval_seeds_equal": seeds}
+    # the bitwise view: every field of every row but the timings (and the grader pool's own bookkeeping),
+    # every eval row
+    untimed = [[{k: v for k, v in r.items() if k not in UNCOMPARED} for r in rows] for rows in steps]
+    found |= {
+        "rows_identical": untimed[0] == untimed[1],
+        "eval_rows_identical": all(e == f for e, f in evals),
+    }
+    found |= {"max_weight_diff": max_diff, "launch": launched, "rng_entries": rng_entries}
+    print(
+        f"rows identical (timings aside): {found['rows_identical']}; eval rows identical: {found['eval_rows_identical']}"
+    )
+    if report_path:
+        report_path.write_text(json.dumps(found, indent=1))
+    return found
 
 
 if __name__ == "__main__":

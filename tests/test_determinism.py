@@ -61,3 +61,22 @@ def test_with_vllm_it_is_refused_by_name():
 def test_a_resume_may_not_change_it():
     refused, _ = resume_changes({"deterministic": False}, {"deterministic": True})
     assert refused == {"deterministic": [False, True]}
+
+
+def test_compiled_generation_is_refused_and_left_off_by_default():
+    # on the H200 a deterministic run with compiled generation stopped at its first evaluation after a rollout
+    # (docs/gpu.md); eager generation ran bitwise-repeatable there
+    args = CapGRPOConfig(output_dir="/tmp/unused", report_to="none", use_cpu=True)
+    args.compiled_generation, args.deterministic = True, True
+    with pytest.raises(
+        ConfigError, match="deterministic: compiled generation fails under torch's deterministic"
+    ):
+        args.validate()
+    args.compiled_generation = None
+    args.validate()
+    args.use_cpu = False
+    args._decide_backends(world=1, cuda=True)  # what one CUDA process decides
+    assert args.resolved_backends().compiled_rollouts is False
+    args.deterministic = False
+    args._decide_backends(world=1, cuda=True)
+    assert args.resolved_backends().compiled_rollouts is True

@@ -310,6 +310,12 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"max_steps: must be positive (or -1 for num_train_epochs), got {self.max_steps!r}"
             )
+        if self.deterministic and self.compiled_generation:  # seen on the H200 (docs/gpu.md), not yet fixed
+            raise ConfigError(
+                "deterministic: compiled generation fails under torch's deterministic algorithms (the in-training "
+                "evaluation after a rollout stops in index_put_, bfloat16 values into a float32 static cache); set "
+                "compiled_generation: false, or leave it unset (deterministic runs then generate eagerly)"
+            )
         if self.deterministic and self.use_vllm:  # its batched sampling depends on what else is in the batch
             raise ConfigError(
                 "deterministic: vLLM's generation is not repeatable run to run; set use_vllm: false"
@@ -355,14 +361,16 @@ class CapGRPOConfig(GRPOConfig):
 
     def _decide_backends(self, world: int, cuda: bool) -> None:
         """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
-        process without vLLM (asked for on a CPU, the fixed shapes and static cache run eagerly: transformers
+        process without vLLM and not deterministic (asked for on a CPU, the fixed shapes and static cache run eagerly: transformers
         compiles generation on accelerators only), CPUAdamW for single-process GPU runs, our chunked gated delta
         rule in GPU training passes, and in-training
         evaluation on the colocated vLLM engine with one process (under FSDP pushing weights is a collective,
         and only the main process evaluates)."""
         compiled = self.compiled_generation
         if compiled is None:  # use_cpu: the model stays on the CPU even where CUDA is present
-            compiled = cuda and not self.use_cpu and world == 1 and not self.use_vllm
+            compiled = (
+                cuda and not self.use_cpu and world == 1 and not self.use_vllm and not self.deterministic
+            )
         cpu_adamw = self.cpu_adamw if self.cpu_adamw is not None else cuda and world == 1
         vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
         evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"

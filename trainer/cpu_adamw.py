@@ -181,9 +181,11 @@ class CPUAdamW(torch.optim.Optimizer):
             torch._foreach_addcmul_(exp_avg_sqs, g, g, value=1 - beta2)
             torch._foreach_copy_(denom, exp_avg_sqs)
             torch._foreach_sqrt_(denom)
-            torch._foreach_div_(denom, bias_correction2_sqrt)
+            # scalar lists, as torch's foreach AdamW passes them: CUDA divides a list by a single scalar through
+            # its reciprocal (one bit less), by a scalar list truly; on a CPU both divide per tensor
+            torch._foreach_div_(denom, [bias_correction2_sqrt] * len(denom))
             torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(masters, exp_avgs, denom, value=-step_size)
+            torch._foreach_addcdiv_(masters, exp_avgs, denom, [-step_size] * len(denom))
             # new weights, cast to the model dtype: over the grads in the slot (read above), or in place
             staged = [self._staged(p) for p, _, _ in batch]
             weights_out = [

@@ -7,7 +7,14 @@ from bench.eval_backends import compare
 
 def rows(outcomes, seed=7, completion="x"):
     return [
-        {"set": "s", "task_id": f"t{i}", "sample": 0, "seed": seed + i, "outcome": o, "completion": completion}
+        {
+            "set": "s",
+            "task_id": f"t{i}",
+            "sample": 0,
+            "seed": seed + i,
+            "outcome": o,
+            "completion": completion,
+        }
         for i, o in enumerate(outcomes)
     ]
 

@@ -2,7 +2,8 @@
 # One H200 lease (2026-12-04, second): the commands behind docs/performance/h200-2026-12-04b/, one part per
 # device call, run from the repository root after the carry calls of docs/gpu.md (tools/vllm_bundle.py with
 # --smollm2, then tools/carry.py for the Qwen2.5 GGUF and its snapshot as `q05`):
-#   bash docs/performance/h200-2026-12-04b/lease.sh PART     # PART: det-smollm2 det-q35 vllm-qwen plain-vllm levers
+#   bash docs/performance/h200-2026-12-04b/lease.sh PART  # det-smollm2 vllm-qwen plain-vllm levers det-smollm2-eager (ran,
+#   in this order), det-q35 (not run)
 # Each part writes under $OUT and stops itself before the call's 600 s limit.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/site:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -19,6 +20,11 @@ det-smollm2)  # issue 47: two deterministic runs of one command, and one without
   timeout $(left) python3 bench/resume_check.py --twice --out /tmp/det/twice --report $OUT/smollm2_twice.json -- $ARGS --deterministic true > $OUT/smollm2_twice.log 2>&1
   timeout $(left) python3 -m trainer.train $ARGS --deterministic false --output_dir /tmp/det/free > $OUT/smollm2_free.log 2>&1
   keep /tmp/det smollm2_runs ;;
+det-smollm2-eager)  # the same with eager generation (the call after vllm-qwen/plain-vllm/levers; compiled failed above)
+  ARGS="--config configs/smollm2.yaml --arm S2 --max_steps 5 --checkpoint_steps 5 --eval_every 5 --heldout_size 100 --fixed_size 8 --fixed_samples 4 --report_to none --compiled_generation false"
+  timeout 300 python3 bench/resume_check.py --twice --out /tmp/det2/twice --report $OUT/smollm2_eager_twice.json -- $ARGS --deterministic true > $OUT/smollm2_eager_twice.log 2>&1
+  timeout $((400 - SECONDS)) python3 -m trainer.train $ARGS --deterministic false --output_dir /tmp/det2/free > $OUT/smollm2_eager_free.log 2>&1
+  keep /tmp/det2 smollm2_eager_runs ;;  # then, here: bench/resume_check.py --compare twice/first twice/second
 det-q35)  # issue 47 at the 1.82B Qwen3.5 shape (random weights): 8 groups x 8, cap 1024, 5 steps (not run: the lease
   # ended; deterministic runs now generate eagerly, compiled generation being refused under the flag)
   A="--groups 8 --steps 5 --p-ended 0 --no-plain"

@@ -438,6 +438,10 @@ def main(argv: list[str] | None = None) -> None:
     debug = _pop_debug(argv) or os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0")
     try:
         train(argv)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # every rank, after its last collective: left to interpreter exit, gloo's threads sometimes abort the
+            # exiting process ("terminate called without an active exception"; docs/gpu.md)
+            torch.distributed.destroy_process_group()
     except Interrupted as e:
         print(e, file=sys.stderr)
         sys.exit(130)

@@ -424,7 +424,12 @@ def checkpoint_weights(model):
     rows. A bf16 model on a GPU is used as is; anything else is evaluated through a rounded copy."""
     if model is None or model.dtype == compute_dtype(model.device) == torch.bfloat16:
         return model
-    return as_checkpoint(copy.deepcopy(model))
+    rounded = copy.deepcopy(model)
+    # deepcopy shares functions: transformers' compiled decode call (`get_compiled_call`), made by the rollouts,
+    # would still run the training model's weights after this copy's prefill; the copy compiles its own
+    for name in ("_compiled_call", "_last_compile_config"):
+        rounded.__dict__.pop(name, None)
+    return as_checkpoint(rounded)
 
 
 def is_adapter(path: Path) -> bool:

@@ -722,6 +722,10 @@ def environment(device: torch.device) -> dict:
     }
 
 
+def true_false(text: str) -> bool:
+    return {"true": True, "false": False}[text.lower()]
+
+
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="random-qwen35", help="'random-qwen35' or a checkpoint directory")
@@ -744,7 +748,7 @@ def parse(argv=None):
         help="replace sampled rollouts by seeded ones (1- vs 2-GPU runs: nothing then depends on sampling)",
     )
     ap.add_argument("--p-ended", type=float, default=0.5, help="share of random-model rollouts ending early")
-    ap.add_argument("--cpu-adamw", type=lambda s: {"true": True, "false": False}[s.lower()], default=None)
+    ap.add_argument("--cpu-adamw", type=true_false, default=None)
     ap.add_argument(
         "--compile-gated-delta-terms",
         action="store_true",
@@ -757,7 +761,7 @@ def parse(argv=None):
     )
     ap.add_argument(
         "--adamw-state-on-gpu",
-        type=lambda s: {"true": True, "false": False}[s.lower()],
+        type=true_false,
         default=None,
         help="ours: CPUAdamW's state on the GPU (default: our trainer decides by its memory estimate)",
     )
@@ -770,7 +774,7 @@ def parse(argv=None):
     )
     ap.add_argument(
         "--ours-grad-ckpt",
-        type=lambda s: {"true": True, "false": False}[s.lower()],
+        type=true_false,
         default=None,
         help="ours, CUDA: gradient checkpointing (default: our trainer's sizing)",
     )

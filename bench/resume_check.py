@@ -25,6 +25,7 @@ from pathlib import Path
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rundir import archive  # noqa: E402
 from rundir.files import read_jsonl  # noqa: E402
 from trainer.steps_log import MEASURED  # noqa: E402
 
@@ -114,7 +115,7 @@ def compare(ref: Path, out: Path, report_path: Path | None) -> dict:
         }
         for r, o in zip(*steps, strict=True)
     ]
-    names = sorted(p.name for p in (ref / "results").glob("eval_step*.jsonl"))
+    names = [p.name for p in archive.listing(ref / "results", "eval_step*.jsonl")]  # published runs: packed
     evals = [(read_jsonl(ref / "results" / n), read_jsonl(out / "results" / n)) for n in names]
     seeds = all(
         [(x["task_id"], x["sample"], x["seed"]) for x in e]
@@ -130,7 +131,7 @@ def compare(ref: Path, out: Path, report_path: Path | None) -> dict:
     print("|---|---|---|---|---|")
     for x in report:
         print(f"| {x['step']} | {x['sampler']} | {x['tasks']} | {x['outcomes']} | {x['loss_diff']:.3g} |")
-    launched = json.loads((ref / "run.json").read_text()).get("launch")
+    launched = json.loads(archive.read_bytes(ref / "run.json")).get("launch")
     states = sorted(out.glob("state[0-9]*"))
     rng_entries = len(json.loads((states[-1] / "meta.json").read_text())["rng"]) if states else None
     print(f"launch: {launched}; stateNNN/ RNG entries: {rng_entries}")

@@ -51,6 +51,21 @@ def run(model, opt, steps, resume=None):
     return sched
 
 
+def beside_torch_adamw(model, opt, device: str, **ref_kw) -> list[torch.Tensor]:
+    """Three steps of `opt` on the bf16 `model` and of torch's AdamW on an fp32 copy of it on `device`, fed the
+    same grads; the copy's parameters, the trajectory the masters must follow."""
+    shadow_model = copy.deepcopy(model).float().to(device)
+    shadow = list(shadow_model.parameters())
+    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER, **ref_kw)
+    for step in range(3):
+        backward(model, step)
+        for s, p in zip(shadow, model.parameters()):
+            s.grad = None if p.grad is None else p.grad.float().to(device)
+        opt.step()
+        ref.step()
+    return shadow
+
+
 # 4099: odd, splits params and batches across chunks; stage_all runs the GPU path's staging ring on the CPU,
 # ring_slots=1 and 2 reuse each slot many times within a step (30k+ elements over 4099-element batches)
 @pytest.mark.parametrize(
@@ -102,16 +117,8 @@ def test_bf16_params_through_the_ring_hold_the_cast_masters():
 
 def test_bf16_model_holds_the_cast_fp32_masters():
     model = make_model(torch.bfloat16)
-    shadow_model = copy.deepcopy(model).float()
-    shadow = list(shadow_model.parameters())
     opt = CPUAdamW(groups(model), **HYPER)
-    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER)
-    for step in range(3):
-        backward(model, step)
-        for s, p in zip(shadow, model.parameters()):
-            s.grad = None if p.grad is None else p.grad.float()
-        opt.step()
-        ref.step()
+    shadow = beside_torch_adamw(model, opt, "cpu")
     for s, p in zip(shadow, model.parameters()):
         master = opt.state[p]["master"]
         assert master.dtype == torch.float32 and master.device.type == "cpu"
@@ -203,25 +210,14 @@ def test_state_dict_round_trips_through_torch_save_weights_only():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bf16_params_with_host_state():
     model = make_model(torch.bfloat16, "cuda")
-    shadow_model = copy.deepcopy(model).float().cpu()
-    shadow = list(shadow_model.parameters())
     opt = CPUAdamW(groups(model), **HYPER, chunk_elems=4099)
-    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER)
-    for step in range(3):
-        backward(model, step)
-        for s, p in zip(shadow, model.parameters()):
-            s.grad = None if p.grad is None else p.grad.float().cpu()
-        opt.step()
-        ref.step()
+    shadow = beside_torch_adamw(model, opt, "cpu")
     for s, p in zip(shadow, model.parameters()):
         assert opt.state[p]["master"].device.type == "cpu" and p.device.type == "cuda"
         assert torch.equal(opt.state[p]["master"], s)
         assert torch.equal(p.cpu(), s.to(torch.bfloat16))
     # page-locked, so the copies really are asynchronous
     assert all(b.is_pinned() for slot in opt._ring for b in slot.values())
-    for s, p in zip(shadow, model.parameters()):
-        assert torch.equal(opt.state[p]["master"], s)
-        assert torch.equal(p.cpu(), s.to(torch.bfloat16))
 
 
 def test_state_on_the_parameters_device_matches_torch_adamw_and_resumes_exactly():
@@ -249,16 +245,8 @@ def test_state_on_the_parameters_device_matches_torch_adamw_and_resumes_exactly(
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_bf16_params_with_device_state_match_torch_adamw_on_the_gpu():
     model = make_model(torch.bfloat16, "cuda")
-    shadow_model = copy.deepcopy(model).float()  # fp32 on the GPU: torch's AdamW runs the same ops there
-    shadow = list(shadow_model.parameters())
     opt = CPUAdamW(groups(model), **HYPER, chunk_elems=4099, on_device=True)
-    ref = torch.optim.AdamW(groups(shadow_model, named=False), **HYPER, foreach=True)
-    for step in range(3):
-        backward(model, step)
-        for s, p in zip(shadow, model.parameters()):
-            s.grad = None if p.grad is None else p.grad.float()
-        opt.step()
-        ref.step()
+    shadow = beside_torch_adamw(model, opt, "cuda", foreach=True)  # torch's AdamW runs the same ops there
     for s, p in zip(shadow, model.parameters()):
         assert opt.state[p]["master"].device.type == "cuda"
         assert torch.equal(opt.state[p]["master"], s)

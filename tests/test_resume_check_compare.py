@@ -30,3 +30,14 @@ def test_a_loss_or_a_completion_that_differs_is_found(tmp_path):
     a = run(tmp_path, "a")
     assert not compare(a, run(tmp_path, "b", loss=0.5000001), None)["rows_identical"]
     assert not compare(a, run(tmp_path, "c", completion="b"), None)["eval_rows_identical"]
+
+
+def test_published_runs_compare_from_their_archive(tmp_path):
+    from rundir import archive
+
+    run(tmp_path, "a")
+    run(tmp_path, "b", recycled=1)
+    archive.pack(tmp_path)  # run.json and rows into rows.tar.xz, as docs/performance/ keeps them
+    assert not (tmp_path / "a" / "run.json").exists()
+    found = compare(tmp_path / "a", tmp_path / "b", None)
+    assert found["rows_identical"] and found["eval_rows_identical"] and found["eval_files"] == 1

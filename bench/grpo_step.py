@@ -100,7 +100,7 @@ TRL_SAMPLING = {
     "ratio_max": "sampling/importance_sampling_ratio/max",
 }
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
-COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm")  # what --compare-with checks
+COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm", "eval_sha256")  # what --compare-with checks
 
 
 def rule_of(name: str, args) -> str:
@@ -364,7 +364,7 @@ class Probe(TrainerCallback):
         sync()
         ended = time.perf_counter()
         step = state.global_step
-        eval_s = self.evaluate(model, step) if self.eval_tasks else 0.0
+        eval_s, eval_sha = self.evaluate(model, step) if self.eval_tasks else (0.0, None)
         save_s = self.save(step) if self.a.checkpoint else 0.0
         # every process generated and graded its share: sum the shares
         tokens = sum(gather_object([self.gen_tokens]))
@@ -392,6 +392,7 @@ class Probe(TrainerCallback):
                 "qualified": record["qualified"] if record else sum(map(policy.qualifies, groups)),
                 "trained": record["trained"] if record else len(groups),
                 "rounds": record["rounds"] if record else 1,
+                "eval_sha256": eval_sha,  # the evaluation's completions and outcomes (--eval-problems)
                 "cudagraphs_recorded": self.graphs_recorded,
                 "outcomes": {o.value: sum(x is o for g in groups for x in g) for o in Outcome},
                 "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)
@@ -414,7 +415,8 @@ class Probe(TrainerCallback):
             if self.records[-1]["sampler_agreement"] is None and TRL_SAMPLING["mean_abs_delta"] in logs:
                 self.records[-1]["sampler_agreement"] = {k: logs.get(v) for k, v in TRL_SAMPLING.items()}
 
-    def evaluate(self, model, step: int) -> float:
+    def evaluate(self, model, step: int) -> tuple[float, str]:
+        """Seconds of one evaluation, and a sha256 of its rows' completions and outcomes."""
         sync()
         t0 = time.perf_counter()
         spec = EvalSpec(
@@ -424,11 +426,13 @@ class Probe(TrainerCallback):
             self.a.p_correct, self.a.p_format, self.a.seed, 1, lambda: step, self.a.p_ended == 0
         )
         model = self.trainer.accelerator.unwrap_model(model)
-        generate_eval(
+        rows = generate_eval(
             model, self.trainer.processing_class, self.eval_tasks, spec, "bench", grade_fn=coin.grade_batch
         )
         sync()
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        digest = hashlib.sha256(json.dumps([[r["completion"], r["outcome"]] for r in rows]).encode())
+        return seconds, digest.hexdigest()
 
     def save(self, step: int) -> float:
         sync()
@@ -489,6 +493,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         adamw_state_on_gpu=a.adamw_state_on_gpu,  # ours only: plain TRL gets cpu_adamw_for()
         deterministic=a.deterministic,
         compile_gated_delta_terms=a.compile_gated_delta_terms,
+        tf32=a.tf32 or None,  # TrainingArguments' own switch: float32 products on TF32 tensor cores, whole run
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
@@ -612,6 +617,9 @@ def run_arm(
             if args.use_vllm
             else "trl",
             "gated_delta_rule": rule_of(name, args),
+            "adamw_state_on_gpu": getattr(args.resolved_micro_batch(), "adamw_state_on_gpu", False),
+            "tf32": bool(args.tf32),
+            "deterministic": bool(args.deterministic),
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
         "sharded": is_sharded(trainer.model),
@@ -759,6 +767,7 @@ def parse(argv=None):
         action="store_true",
         help="deterministic: true (trainer/train.py apply_determinism); --compare-with --rtol 0 checks two runs",
     )
+    ap.add_argument("--tf32", action="store_true", help="tf32: true (float32 products on TF32 tensor cores)")
     ap.add_argument(
         "--adamw-state-on-gpu",
         type=true_false,

@@ -114,6 +114,7 @@ def test_compare_counts_exact_floats_within_tolerance(tmp_path):
 def test_benchmark_runs_and_matches_itself(tmp_path):
     """A tiny CPU run of ours and plain TRL; the same command again compares equal to the first."""
     tiny = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --groups 2 --G 4 --cap 16 --steps 1"
+    tiny += " --eval-problems 3"
     first = grpo_step.main([*tiny.split(), "--coin-rollouts", "--out", str(tmp_path / "a")])
     assert set(first["runs"]) == {"ours", "plain"} and first["ratio_ours_over_plain"]["total"] > 0
     ours, plain = first["runs"]["ours"]["steps"][0], first["runs"]["plain"]["steps"][0]
@@ -126,6 +127,8 @@ def test_benchmark_runs_and_matches_itself(tmp_path):
     assert second["comparison"]["verdict"] == "MATCH"
     assert second["runs"]["ours"]["weights_sha256"] == first["runs"]["ours"]["weights_sha256"]
     assert any(x.startswith("equal ours weights sha256") for x in second["comparison"]["lines"])
+    evals = [run["runs"]["ours"]["steps"][0]["eval_sha256"] for run in (first, second)]
+    assert evals[0] is not None and evals[0] == evals[1]
 
 
 @pytest.mark.slow

@@ -310,12 +310,6 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"max_steps: must be positive (or -1 for num_train_epochs), got {self.max_steps!r}"
             )
-        if self.deterministic and self.compiled_generation:  # seen on the H200 (docs/gpu.md), not yet fixed
-            raise ConfigError(
-                "deterministic: compiled generation fails under torch's deterministic algorithms (the in-training "
-                "evaluation after a rollout stops in index_put_, bfloat16 values into a float32 static cache); set "
-                "compiled_generation: false, or leave it unset (deterministic runs then generate eagerly)"
-            )
         if self.deterministic and self.use_vllm:  # its batched sampling depends on what else is in the batch
             raise ConfigError(
                 "deterministic: vLLM's generation is not repeatable run to run; set use_vllm: false"

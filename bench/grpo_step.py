@@ -100,7 +100,8 @@ TRL_SAMPLING = {
     "ratio_max": "sampling/importance_sampling_ratio/max",
 }
 COLUMNS = ("generate", "grade", "train", "optimizer", "other", "eval", "save", "total")
-COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm", "eval_sha256")  # what --compare-with checks
+# what --compare-with checks
+COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm", "eval_sha256")
 
 
 def rule_of(name: str, args) -> str:
@@ -493,7 +494,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         adamw_state_on_gpu=a.adamw_state_on_gpu,  # ours only: plain TRL gets cpu_adamw_for()
         deterministic=a.deterministic,
         compile_gated_delta_terms=a.compile_gated_delta_terms,
-        tf32=a.tf32 or None,  # TrainingArguments' own switch: float32 products on TF32 tensor cores, whole run
+        tf32=a.tf32 or None,  # TrainingArguments' switch: float32 products on TF32 cores, whole run
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,

@@ -226,11 +226,11 @@ _Qwen35.__module__ = "transformers.models.qwen3_5.modeling_qwen3_5"
 def _reference_repeats_key_heads(modeling_qwen3_5) -> bool:
     """Whether transformers' recurrent function takes fewer key than value heads (>= 5.2x repeats them inside;
     5.17 needs them repeated). Asked by calling it: in 5.25 the function is a kernelized `Func` module whose
-    source `inspect` cannot read."""
-    q = k = torch.zeros(1, 1, 1, 2)
+    source `inspect` cannot read. Two key heads for four value heads: one key head would broadcast in 5.17."""
+    q = k = torch.zeros(1, 1, 2, 2)
     try:
         modeling_qwen3_5.torch_recurrent_gated_delta_rule(
-            q, k, torch.zeros(1, 1, 2, 2), g=torch.zeros(1, 1, 2), beta=torch.zeros(1, 1, 2)
+            q, k, torch.zeros(1, 1, 4, 2), g=torch.zeros(1, 1, 4), beta=torch.zeros(1, 1, 4)
         )
     except RuntimeError:
         return False
@@ -270,14 +270,15 @@ def test_decode_step_is_transformers_recurrent_function(l2norm, key_heads):
     gen = torch.Generator().manual_seed(0)
     B, H, dk, dv = 3, 4, 8, 16
     q, k = (torch.randn(B, 1, key_heads, dk, generator=gen, dtype=torch.bfloat16) for _ in range(2))
-    if key_heads != H and not _reference_repeats_key_heads(modeling_qwen3_5):
-        pytest.skip("this transformers repeats the key heads before calling the recurrent function")
+    theirs_q, theirs_k = q, k
+    if key_heads != H and not _reference_repeats_key_heads(modeling_qwen3_5):  # 5.17: repeated for it
+        theirs_q, theirs_k = (x.repeat_interleave(H // key_heads, dim=2) for x in (q, k))
     v = torch.randn(B, 1, H, dv, generator=gen, dtype=torch.bfloat16)
     g, beta = -torch.rand(B, 1, H, generator=gen), torch.rand(B, 1, H, generator=gen)
     state = torch.randn(B, H, dk, dv, generator=gen)
     want_out, want_state = modeling_qwen3_5.torch_recurrent_gated_delta_rule(
-        q,
-        k,
+        theirs_q,
+        theirs_k,
         v,
         g=g,
         beta=beta,
@@ -567,3 +568,17 @@ def test_eos_test_without_sync_is_transformers_test(stops):
             got = criteria(ids, None, new_token_length=n)
         assert torch.equal(got, want) and got.dtype == torch.bool and want.any() and not want.all()
     assert EosTokenCriteria.__call__ is not generation.eos_stopped
+
+
+@pytest.mark.parametrize("before", ["ieee", "tf32"])
+def test_tf32_matmuls_works_beside_trainings_tf32_switch(before):
+    # `tf32: true` (TrainingArguments) sets torch's per-backend precision; the legacy global getter then raises,
+    # which stopped the H200's first rollout of a tf32 run (docs/performance/h200-2026-12-04c)
+    matmul = torch.backends.cuda.matmul
+    saved, matmul.fp32_precision = matmul.fp32_precision, before
+    try:
+        with generation.tf32_matmuls():
+            assert matmul.fp32_precision == "tf32"
+        assert matmul.fp32_precision == before
+    finally:
+        matmul.fp32_precision = saved

@@ -365,7 +365,9 @@ class CapGRPOConfig(GRPOConfig):
             compiled = (
                 cuda and not self.use_cpu and world == 1 and not self.use_vllm and not self.deterministic
             )
-        cpu_adamw = self.cpu_adamw if self.cpu_adamw is not None else cuda and world == 1
+        cpu_adamw = self.cpu_adamw
+        if cpu_adamw is None:  # use_cpu on a GPU host: torch's AdamW, as on a CPU machine (the H200's suite)
+            cpu_adamw = cuda and not self.use_cpu and world == 1
         vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
         evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"
         chunked = self.chunked_gated_delta

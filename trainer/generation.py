@@ -109,13 +109,14 @@ def tf32_matmuls() -> Iterator[None]:
     """float32 matrix products on TF32 tensor cores for the call. Compiled calls decode in the model's own
     dtype, the float32 master weights where the training pass computes in bf16 autocast, so TF32 rollouts are
     still the more precise forward of the two (SmolLM2-135M at batch 512: 14.8 -> 11.5 ms a decode step,
-    docs/PERFORMANCE.md). bf16 or fp16 models do not use it."""
-    precision = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("high")
+    docs/PERFORMANCE.md). bf16 or fp16 models do not use it. torch's per-backend setting, which `tf32: true`
+    (TrainingArguments) also uses: mixing it with the legacy global one is an error in torch >= 2.9."""
+    matmul = torch.backends.cuda.matmul
+    precision, matmul.fp32_precision = matmul.fp32_precision, "tf32"
     try:
         yield
     finally:
-        torch.set_float32_matmul_precision(precision)
+        matmul.fp32_precision = precision
 
 
 _kept_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {key: (length, cache)}

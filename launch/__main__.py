@@ -1,7 +1,7 @@
 """python -m launch PLAN STAGE [--work W] [--out O] [--budget-s S] [--smoke]: one experiment from its plan file.
 
     base    build the base, write the snapshots, measure the base on the plan's grid, apply its rule (choice.json)
-    train   start or resume every arm x seed, in parallel on the one GPU, until done or --budget-s; pack
+    train   start or resume every arm x seed, in parallel on each GPU (--gpus), until done or --budget-s; pack
     report  print the report computed from the plan and the committed rows under the plan's `results`
     unpack  --archive A --into DIR: a train stage's archive into a new docs folder
 
@@ -27,7 +27,12 @@ def main(argv: list[str] | None = None) -> int:
         "--gguf", type=Path, default=None, help="a packaged base's GGUF (default: the installed one)"
     )
     ap.add_argument("--budget-s", type=float, default=None, help="train: default the plan's budget.train_s")
-    ap.add_argument("--parallel", type=int, default=None, help="train: runs at a time (default the plan's)")
+    ap.add_argument(
+        "--parallel", type=int, default=None, help="train: runs at a time per GPU (default the plan's)"
+    )
+    ap.add_argument(
+        "--gpus", type=int, default=None, help="train: how many GPUs (default budget.gpus, else all visible)"
+    )
     ap.add_argument(
         "--seeds", default=None, help="train: only these of the plan's seeds, e.g. 3,4,5 (a launch's share)"
     )
@@ -74,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         from launch.runs import train
 
         seeds = None if args.seeds is None else [int(x) for x in args.seeds.split(",")]
-        return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds)
+        return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus)
     except SystemExit as e:
         if e.code in (None, 0) or isinstance(e.code, int):
             raise

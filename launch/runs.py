@@ -1,12 +1,16 @@
-"""The train stage: every arm x seed of the plan, resumable and budgeted, on one GPU; and what comes back.
+"""The train stage: every arm x seed of the plan, resumable and budgeted, on each GPU of the machine; and what
+comes back.
 
-Runs go `budget.parallel` at a time, a seed's pair together; a run an earlier invocation left is resumed
-(`--resume`, exactly), a finished one is skipped. On a fresh start the first run goes alone until its first step
-row (it fills the compile caches the others then read), and the number at a time is cut to what the GPU holds at
-its measured memory. When the budget is spent every run gets SIGTERM (it ends its step, saves it and exits; the
-next invocation resumes it), then SIGINT to the group (it keeps its last saved state), then SIGKILL.
-`pack` writes what the repository keeps (run.json, steps.jsonl, eval rows, cards, logs, base report; never
-weights or optimizer state) into <out>/<plan name>.tar.gz; `unpack` writes it into a new docs folder.
+Whole seed pairs go to the GPUs round-robin (`--gpus`, default all visible), each run with CUDA_VISIBLE_DEVICES
+set to its GPU (one GPU: the environment as it is). On each GPU runs go `budget.parallel` at a time, a seed's pair
+together; a run an earlier invocation left is resumed (`--resume`, exactly), a finished one is skipped. On a fresh
+start each GPU's first run goes alone until its first step row (it fills the compile caches the others then
+read), and that GPU's number at a time is cut to what it holds at the leader's measured memory; the disk, shared,
+bounds the runs of all GPUs together. When the budget is spent every run gets SIGTERM (it ends its step, saves it
+and exits; the next invocation resumes it), then SIGINT to the group (it keeps its last saved state), then SIGKILL.
+Each GPU's starts, exits and memory fit go to runs/gpu<i>.log. `pack` writes what the repository keeps (run.json,
+steps.jsonl, eval rows, cards, the runs' and GPUs' logs, base report; never weights or optimizer state) into
+<out>/<plan name>.tar.gz; `unpack` writes it into a new docs folder.
 """
 
 import json
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch.base import build_base, snapshot_path, write_tasks
@@ -25,6 +30,7 @@ from launch.plan import ROOT, Plan
 from rundir import archive as rundir_archive
 
 BASE_KEPT = ("base_manifest.json", "tiny_base.json", "base_report.json")
+Run = tuple[Path, str, int | None]  # run directory, arm, seed
 
 
 def run_dir(work: Path, name: str) -> Path:
@@ -103,12 +109,44 @@ def disk_fit(parallel: int, work: Path, base: Path) -> int:
     return fit
 
 
-def gpu_memory_mib(pid: int) -> tuple[float, float] | None:
-    """(this process's GPU memory, the GPU's total) in MiB from nvidia-smi, or None where it cannot say."""
+def visible_gpus() -> list[str]:
+    """The GPUs the runs may use, as CUDA_VISIBLE_DEVICES names them: its own list where set, else nvidia-smi's
+    indices; [] without GPUs."""
+    if (listed := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [d.strip() for d in listed.split(",") if d.strip()]
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return smi.stdout.split() if smi.returncode == 0 else []
+
+
+def gpu_devices(n: int | None, smoke: bool) -> list[str | None]:
+    """Each GPU's CUDA_VISIBLE_DEVICES for its runs: `n` of the visible GPUs (default all of them, one without
+    any); [None] for one GPU, whose runs get the environment as it is."""
+    visible = visible_gpus()
+    n = (len(visible) or 1) if n is None else n
+    if n < 1 or (n > max(len(visible), 1) and not smoke):  # --smoke runs on the CPU: any number of "GPUs"
+        raise SystemExit(f"error: --gpus {n}: {len(visible)} GPUs visible")
+    return [None] if n == 1 else [visible[i] if i < len(visible) else str(i) for i in range(n)]
+
+
+def assign(runs: list[Run], n: int) -> list[list[Run]]:
+    """The runs (seed-major) over `n` GPUs, whole seeds round-robin: a seed's pair shares one GPU (started
+    together, the same neighbours), and no GPU holds more than one seed more than another."""
+    seeds = list(dict.fromkeys(seed for _, _, seed in runs))
+    return [[r for r in runs if seeds.index(r[2]) % n == i] for i in range(n)]
+
+
+def gpu_memory_mib(pid: int, gpu: str | None = None) -> tuple[float, float] | None:
+    """(this process's GPU memory, its GPU's total) in MiB from nvidia-smi, or None where it cannot say; `gpu`
+    the GPU by nvidia-smi index or UUID (None: the first, the one-GPU launch)."""
+    which = [] if gpu is None else [f"--id={gpu}"]
     try:
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=30).stdout  # fmt: skip
-        total = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+        total = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", *which, "--format=csv,noheader,nounits"],
                                capture_output=True, text=True, timeout=30).stdout  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -118,20 +156,85 @@ def gpu_memory_mib(pid: int) -> tuple[float, float] | None:
     return (used[0], float(total.split()[0])) if used and total.strip() else None
 
 
-def fitting(parallel: int, leader_pid: int, share: float = 0.9, growth: float = 1.0) -> int:
-    """At most `parallel` runs, as many as `share` of the GPU holds at the leader's measured memory times
-    `growth` (the plan's budget.memory_growth: what a run holds later over what it held at its first step)."""
-    memory = gpu_memory_mib(leader_pid)
+def fitting(parallel: int, leader_pid: int, share: float = 0.9, growth: float = 1.0, gpu: str | None = None,
+            say=print) -> int:  # fmt: skip
+    """At most `parallel` runs, as many as `share` of the leader's GPU (`gpu`, as gpu_memory_mib names it) holds
+    at the leader's measured memory times `growth` (the plan's budget.memory_growth: what a run holds later over
+    what it held at its first step)."""
+    memory = gpu_memory_mib(leader_pid, gpu)
     if memory is None:
         return parallel
     used, total = memory
     fit = max(1, min(parallel, int(share * total // (used * growth))))
-    print(f"leader holds {used:.0f} of {total:.0f} MiB (x{growth} later): {fit} runs at a time", flush=True)
+    say(f"leader holds {used:.0f} of {total:.0f} MiB (x{growth} later): {fit} runs at a time")
     return fit
 
 
+@dataclass
+class Gpu:
+    """One GPU's share of the runs and what it started, under its own leader and `parallel`; its log (gpu<i>.log
+    beside the runs' logs, packed with them) says what started and ended when, and the memory fit."""
+
+    index: int
+    device: str | None  # its runs' CUDA_VISIBLE_DEVICES; None: the environment's (one GPU)
+    queue: list[Run]
+    parallel: int
+    log: Path
+    t0: float
+    procs: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
+    running: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
+    alone: bool = False  # its first run (procs[0]) runs alone until its first step row
+
+    def note(self, text: str) -> None:
+        line = f"gpu{self.index} +{time.perf_counter() - self.t0:.0f} s: {text}"
+        with self.log.open("a") as f:
+            f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())} {line}\n")
+        print(line, flush=True)
+
+    def live(self) -> int:
+        """How many of its runs still run; each that ended since the last call is noted with its exit status."""
+        for run, p in [(run, p) for run, p in self.running if p.poll() is not None]:
+            self.note(f"{run.name} exited {p.returncode}")
+            self.running.remove((run, p))
+        return len(self.running)
+
+    def has_room(self) -> bool:
+        return not self.alone and bool(self.queue) and len(self.running) < self.parallel
+
+    def waits(self, until: float) -> bool:
+        """Whether its leader is still to run alone: no step row yet, still running, and before `until`."""
+        run, leader = self.procs[0]
+        return (
+            not (run / "results/steps.jsonl").is_file()
+            and leader.poll() is None
+            and time.perf_counter() < until
+        )
+
+    def settle(self, share: float, growth: float) -> bool:
+        """The end of its leader's time alone: False where the leader failed (the others would fail the same
+        way), else `parallel` cut to what its GPU holds at the leader's memory."""
+        self.alone = False
+        run, leader = self.procs[0]
+        if leader.poll() not in (None, 0):
+            print("\n".join((run.parent / f"{run.name}.log").read_text().splitlines()[-25:]), file=sys.stderr)
+            return False
+        self.parallel = fitting(self.parallel, leader.pid, share, growth, self.device, self.note)
+        return True
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM (each run ends its step, saves it and exits), then SIGINT to the group, then SIGKILL."""
+    for sig, wait_s in ((signal.SIGTERM, max(grace_s - 15, 5)), (signal.SIGINT, 10), (signal.SIGKILL, 5)):
+        live = [p for p in procs if p.poll() is None]
+        for p in live:  # SIGTERM to the trainer alone: its grader workers must finish the step's grading
+            (os.kill if sig == signal.SIGTERM else os.killpg)(p.pid, sig)
+        end = time.perf_counter() + wait_s
+        while any(p.poll() is None for p in live) and time.perf_counter() < end:
+            time.sleep(1)
+
+
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
-          parallel: int | None = None, seeds: list[int] | None = None) -> int:  # fmt: skip
+          parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None) -> int:  # fmt: skip
     if seeds is not None and (plan.seeds is None or not set(seeds) <= set(plan.seeds)):
         print(f"error: --seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}", file=sys.stderr)
         return 1
@@ -143,6 +246,7 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         return 1
     t0 = time.perf_counter()
     b = plan.budget
+    devices = gpu_devices(gpus or b.get("gpus"), smoke)  # before the base is built: a refusal costs nothing
     budget_s = budget_s or b.get("train_s", 500)
     parallel = parallel or b.get("parallel", 2)
     grace_s, leader_s = b.get("grace_s", 75), b.get("leader_s", 240)
@@ -157,59 +261,62 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
              for name, seed in [plan.runs(arm)[i]]]  # fmt: skip
     order = [(n, a, s) for n, a, s in order if seeds is None or s in seeds]
     queue = [(run_dir(work, n), a, s) for n, a, s in order if not finished(run_dir(work, n), steps)]
-    fresh = not any((r / "run.json").is_file() for r, _, _ in queue)
+    shares = assign(queue, len(devices))
+    slots = [Gpu(i, dev, share, parallel, work / "runs" / f"gpu{i}.log", t0)
+             for i, (dev, share) in enumerate(zip(devices, shares))]  # fmt: skip
     deadline = t0 + budget_s - grace_s
-    procs: list[tuple[Path, subprocess.Popen]] = []
 
-    def start_next() -> subprocess.Popen:
-        run, arm, seed = queue.pop(0)
+    def start(gpu: Gpu) -> None:
+        run, arm, seed = gpu.queue.pop(0)
         cmd = [sys.executable, "-m", "trainer.train", "--config", str(ROOT / plan.recipe), "--arm", arm]
         cmd += ["--seed", str(seed)] if seed is not None else []
         cmd += ["--resume", str(run)] if (run / "run.json").is_file() else ["--output_dir", str(run)]
+        # nvidia-smi's numbering (PCI order), which `fitting` reads the GPU's memory by
+        where = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpu.device} if gpu.device else {}
         log = work / "runs" / f"{run.name}.log"
         with log.open("a") as f:
-            f.write(f"\n$ {' '.join(cmd + common)}\n")
-        procs.append((run, subprocess.Popen(cmd + common, cwd=ROOT, env=env, stdout=log.open("a"),
-                                            stderr=subprocess.STDOUT, start_new_session=True)))  # fmt: skip
-        print(f"started {run.name} at {time.perf_counter() - t0:.0f} s", flush=True)
-        return procs[-1][1]
+            f.write(f"\n$ {' '.join([*(f'{k}={v}' for k, v in where.items()), *cmd, *common])}\n")
+        p = subprocess.Popen(cmd + common, cwd=ROOT, env={**env, **where}, stdout=log.open("a"),
+                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        gpu.procs.append((run, p))
+        gpu.running.append((run, p))
+        gpu.note(f"started {run.name}" + (f" (CUDA_VISIBLE_DEVICES={gpu.device})" if gpu.device else ""))
 
-    if fresh and len(queue) > 1:  # the first run alone until its first step row: generation compiled
-        leader = start_next()
-        first = procs[0][0] / "results/steps.jsonl"
-        while not first.is_file() and leader.poll() is None and time.perf_counter() < t0 + leader_s:
-            time.sleep(2)
-        if leader.poll() not in (None, 0):  # the others would fail the same way
-            log = (work / "runs" / f"{procs[0][0].name}.log").read_text().splitlines()
-            print("\n".join(log[-25:]), file=sys.stderr)
-            pack(plan, work, out)
-            return 1
-        parallel = fitting(parallel, leader.pid, b.get("gpu_share", 0.9), b.get("memory_growth", 1.0))
+    for gpu in slots:
+        names = ", ".join(r.name for r, _, _ in gpu.queue)
+        gpu.note(f"{len(gpu.queue)} runs to go, up to {parallel} at a time: {names or 'none'}")
+        if len(gpu.queue) > 1 and not any((r / "run.json").is_file() for r, _, _ in gpu.queue):
+            start(gpu)  # fresh: the first run alone until its first step row (generation compiled)
+            gpu.alone = True
+    disk = float("inf")  # runs at a time over all GPUs: they share one disk
     if b.get("drop_finished_weights") and not smoke:  # weights stay on the GPU machine: its disk binds
         base = Path(common[common.index("--model_name_or_path") + 1])
-        parallel = disk_fit(parallel, work, base)
+        disk = disk_fit(len(slots) * parallel, work, base)
     dropped: set[Path] = set()
+    leader_failed = False
     while time.perf_counter() < deadline:
         if b.get("drop_finished_weights") and not smoke:
-            for run, p in procs:
+            for run, p in [x for gpu in slots for x in gpu.procs]:
                 if run not in dropped and p.poll() == 0 and finished(run, steps):
                     drop_weights(run)
                     dropped.add(run)
-        live = [p for _, p in procs if p.poll() is None]
-        if not live and not queue:
+        running = sum(gpu.live() for gpu in slots)
+        if not running and not any(gpu.queue for gpu in slots):
             break
-        while queue and len(live) < parallel:
-            live.append(start_next())
+        settled = [gpu.settle(b.get("gpu_share", 0.9), b.get("memory_growth", 1.0))
+                   for gpu in slots if gpu.alone and not gpu.waits(t0 + leader_s)]  # fmt: skip
+        if not all(settled):
+            leader_failed = True
+            break
+        while running < disk and (room := [g for g in slots if g.has_room()]):
+            start(min(room, key=lambda g: len(g.running)))  # the least busy GPU first: the disk's cap evenly
+            running += 1
         time.sleep(1 if smoke else 5)
-    stops = ((signal.SIGTERM, max(grace_s - 15, 5)), (signal.SIGINT, 10), (signal.SIGKILL, 5))
-    for sig, wait_s in stops:
-        live = [p for _, p in procs if p.poll() is None]
-        for p in live:  # SIGTERM to the trainer alone: its grader workers must finish the step's grading
-            (os.kill if sig == signal.SIGTERM else os.killpg)(p.pid, sig)
-        end = time.perf_counter() + wait_s
-        while any(p.poll() is None for p in live) and time.perf_counter() < end:
-            time.sleep(1)
-    failed = 0
+    procs = [x for gpu in slots for x in gpu.procs]
+    stop([p for _, p in procs], grace_s)
+    failed = int(leader_failed)
+    for gpu in slots:
+        gpu.live()
     for run, p in procs:
         p.wait()
         failed += p.returncode not in (0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL)
@@ -224,7 +331,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
 
 
 def pack(plan: Plan, work: Path, out: Path) -> Path:
-    """What the repository keeps: never weights, optimizer state, snapshots or converted bases."""
+    """What the repository keeps, the runs' and GPUs' logs included: never weights, optimizer state, snapshots or
+    converted bases."""
     out.mkdir(parents=True, exist_ok=True)
     archive = out / f"{plan.name}.tar.gz"
     with tarfile.open(archive, "w:gz") as tar:

@@ -2,7 +2,9 @@
 CPU sizes with the shipped tiny embedded base."""
 
 import json
+import subprocess
 import tarfile
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,8 @@ from launch.base import at_cap, choose
 from launch.plan import PlanError, Rule, load
 
 ROOT = Path(__file__).resolve().parent.parent
-PLANS = ["docs/experiment-real/plan.yaml", "docs/experiment-h200/plan.yaml", "docs/experiment-qwen/plan.yaml"]
+PLANS = ["docs/experiment-real/plan.yaml", "docs/experiment-h200/plan.yaml", "docs/experiment-qwen/plan.yaml",
+         "docs/experiment-qwen/plan-x8.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", PLANS)
@@ -29,6 +32,16 @@ def test_the_qwen_plan_has_eight_seeds_30_steps_and_the_issue_rule():
     assert plan.primary["set"] == "heldout300" and plan.primary["step"] == 30
     # pass@1 floor 0.20 as registered, 0.15 since amendment 1 (PLAN.md, before any training run)
     assert (plan.base_report.rule.truncated, plan.base_report.rule.pass_at_1) == ((0.15, 0.35), (0.15, 0.70))
+
+
+def test_the_x8_plan_is_launch_1s_experiment_with_16_new_seeds():
+    # PLAN.md amendment 3 (issue 51): the same base, tasks, cap (from the committed base report), arms, steps,
+    # evaluation, primary and deviation rules; seeds launch 1 never used, rows in a launch folder of their own
+    one, x8 = load(ROOT / PLANS[2]), load(ROOT / PLANS[3])
+    differ = [f.name for f in fields(one) if getattr(one, f.name) != getattr(x8, f.name)]
+    assert differ == ["path", "name", "seeds", "budget", "report"]
+    assert len(x8.seeds) >= 16 and not set(one.seeds) & set(x8.seeds)
+    assert {s["launch"] for s in x8.report} == {"launch-x8"} and x8.status == "final"
 
 
 def _plan_with(tmp_path, edit) -> Path:
@@ -164,3 +177,107 @@ def test_train_runs_only_the_seeds_asked_and_refuses_seeds_not_in_the_plan(tmp_p
         "smollm2-S0-s5",
         "smollm2-S2-s5",
     ]
+
+
+def _seed_major(seeds: range) -> list[tuple[Path, str, int]]:
+    return [(Path(f"qwen05-{arm}-s{s}"), arm, s) for s in seeds for arm in ("S0", "S2")]
+
+
+def test_the_runs_go_to_the_gpus_in_whole_seed_pairs_round_robin():
+    from launch.runs import assign
+
+    runs = _seed_major(range(8, 24))  # issue 51's 16 seeds on an 8-GPU machine
+    shares = assign(runs, 8)
+    assert [[(arm, s) for _, arm, s in share] for share in shares[:2]] == [
+        [("S0", 8), ("S2", 8), ("S0", 16), ("S2", 16)],
+        [("S0", 9), ("S2", 9), ("S0", 17), ("S2", 17)],
+    ]
+    assert sorted(r for share in shares for r in share) == sorted(runs)
+    shares = assign(runs[:7], 3)  # seeds 8-11, seed 11's S2 finished: whole seeds, shares within one seed
+    assert [sorted({s for _, _, s in share}) for share in shares] == [[8, 11], [9], [10]]
+    assert assign(runs, 1) == [runs]
+
+
+def test_each_gpu_is_one_of_the_visible_ones_and_one_gpu_leaves_the_environment_as_it_is(monkeypatch):
+    from launch.runs import gpu_devices
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
+    assert gpu_devices(None, smoke=False) == ["4", "5", "6"] and gpu_devices(2, smoke=False) == ["4", "5"]
+    assert gpu_devices(1, smoke=False) == [None]
+    with pytest.raises(SystemExit, match="--gpus 4: 3 GPUs visible"):
+        gpu_devices(4, smoke=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU machine: one "GPU", as before issue 51
+    assert gpu_devices(None, smoke=False) == [None] and gpu_devices(2, smoke=True) == ["0", "1"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(
+        "launch.runs.subprocess.run",
+        lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "".join(f"{i}\n" for i in range(8)), ""),
+    )
+    assert gpu_devices(None, smoke=False) == [str(i) for i in range(8)]  # nvidia-smi's indices
+
+
+def test_fitting_reads_the_total_of_the_leaders_gpu_and_the_leaders_memory(monkeypatch):
+    import launch.runs as runs
+
+    totals = {"0": 81559, "3": 143771}  # GPU 0 an 80 GB one: what a wrong GPU's total would fit is 2
+
+    def nvidia_smi(cmd, **kw):
+        if "--query-compute-apps=pid,used_memory" in cmd:  # every GPU's processes
+            out = "111, 70000\n4242, 14778\n"
+        else:
+            ids = [a.removeprefix("--id=") for a in cmd if a.startswith("--id=")]
+            out = "".join(f"{totals[i]}\n" for i in ids or totals)
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(runs.subprocess, "run", nvidia_smi)
+    assert runs.gpu_memory_mib(4242, "3") == (14778.0, 143771.0)
+    assert runs.fitting(6, 4242, 0.9, 1.9, "3") == 4  # 0.9 x 143771 / (14778 x 1.9) = 4.6
+    assert runs.fitting(6, 4242, 0.9, 1.9, "0") == 2
+    assert runs.fitting(6, 4242, 0.9, 1.9) == 2  # one GPU: the first total, as before issue 51
+    notes = []
+    assert runs.fitting(6, 111, 0.9, 1.0, "3", say=notes.append) == 1 and "70000 of 143771 MiB" in notes[0]
+
+
+def test_train_on_two_gpus_runs_each_seed_pair_on_its_gpu_and_packs_the_gpu_logs(
+    tmp_path, monkeypatch, capsys
+):
+    work, out = tmp_path / "w", tmp_path / "o"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
+    assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
+    train = [
+        PLANS[0],
+        "train",
+        "--smoke",
+        "--gpus",
+        "2",
+        "--seeds",
+        "4,5",
+        "--work",
+        str(work),
+        "--out",
+        str(out),
+    ]
+    assert launch_main(train) == 0
+    assert "4 of 4 runs at step 1" in capsys.readouterr().out
+    runs = work / "runs"
+    for seed, gpu, device in ((4, 0, "6"), (5, 1, "7")):
+        log = (runs / f"gpu{gpu}.log").read_text()
+        for arm in ("S0", "S2"):
+            run = f"smollm2-{arm}-s{seed}"
+            assert f"started {run} (CUDA_VISIBLE_DEVICES={device})" in log and f"{run} exited 0" in log
+            assert (
+                f"$ CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES={device} "
+                in (runs / f"{run}.log").read_text()
+            )
+        assert f"-s{9 - seed}" not in log  # the other seed's pair ran on the other GPU
+    with tarfile.open(out / "smollm2.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"smollm2/runs/gpu0.log", "smollm2/runs/gpu1.log"} <= set(names)
+    assert {
+        f"smollm2/runs/smollm2-{a}-s{s}/results/steps.jsonl" for a in ("S0", "S2") for s in (4, 5)
+    } <= set(names)
+    assert not [n for n in names if n.endswith((".safetensors", ".tasks.json"))]
+    # a second call finds every run finished and starts none
+    assert launch_main(train) == 0
+    assert "started" not in capsys.readouterr().out
+    assert (runs / "gpu1.log").read_text().splitlines()[-1].endswith("0 runs to go, up to 12 at a time: none")

@@ -37,24 +37,25 @@ def main(argv=None) -> None:
     ap.add_argument("--total-gib", type=float, default=139.8, help="device memory (an H200: 139.8 GiB)")
     a = ap.parse_args(argv)
     total, dtype_bytes = a.total_gib * 2**30, 2  # bf16
-    print("| model | rows x tokens | MiB per row (plain / ckpt) | static GiB | budget GiB | micro-batch |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| model | rows x tokens | MiB per row (plain / ckpt) | static GiB | budget GiB | micro-batch | AdamW state |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, shape, params, rollouts, prompt, cap, compiled in CASES:
         tokens = prompt + cap
         cache = micro_batch.kept_cache_bytes(shape, rollouts, tokens, dtype_bytes) if compiled else 0
-        static = params * dtype_bytes * 2 + cache  # weights + grads; CPUAdamW keeps the state on the host
+        static = params * dtype_bytes * 2 + cache  # weights + grads; CPUAdamW's state: place_state
         static += micro_batch.head_workspace_bytes(shape, dtype_bytes)
         budget = total * (1 - micro_batch.RESERVE) - static
         rows = []
         for ckpt in (False, True):
             every, completion = micro_batch.bytes_per_token(shape, dtype_bytes, ckpt)
             rows.append((tokens * every + cap * completion) / 2**20)
-        n, ckpt = micro_batch.choose(
-            rollouts, tokens, cap, lambda c, s=shape: micro_batch.bytes_per_token(s, dtype_bytes, c), budget
-        )
+        per_token = lambda c, s=shape: micro_batch.bytes_per_token(s, dtype_bytes, c)  # noqa: E731
+        n, ckpt, on_gpu, _ = micro_batch.place_state(rollouts, tokens, cap, per_token, budget, 12 * params)
         print(
             f"| {name} | {rollouts} x {tokens} | {rows[0]:.0f} / {rows[1]:.0f} | {static / 2**30:.1f} | "
-            f"{budget / 2**30:.1f} | {n}{', checkpointing' if ckpt else ''} |"
+            f"{budget / 2**30:.1f} | {n}{', checkpointing' if ckpt else ''} | {'GPU' if on_gpu else 'host'} |"
         )
 
 

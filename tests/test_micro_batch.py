@@ -210,3 +210,19 @@ def test_adamw_state_goes_to_the_gpu_only_when_the_same_micro_batch_fits_beside_
     ).adamw_state_on_gpu
     with pytest.raises(ConfigError, match="adamw_state_on_gpu: true needs CPUAdamW"):
         config(tmp_path, cpu_adamw=False, adamw_state_on_gpu=True)
+
+
+def test_adamw_state_takes_rows_from_a_micro_batch_that_still_saturates(tiny, tmp_path):
+    # rows of 8232 tokens: one row alone keeps the matmuls busy (SATURATING_TOKENS), so the state goes to the
+    # GPU at the price of a row, which the host's update would cost more than (docs/PERFORMANCE.md, 1.82B)
+    _, model = tiny
+    text, cap = model.config.get_text_config(), micro_batch.SATURATING_TOKENS
+    state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    row = row_bytes(text, PROMPT + cap, cap, False)
+    args = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, max_completion_length=cap)
+    long = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=2 * row + state / 2)
+    assert (long.rows, long.checkpointing, long.adamw_state_on_gpu) == (1, False, True)
+    # the same budget at rows of 64 tokens: half the rows would no longer saturate, so the state stays home
+    short = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False)
+    budget = 32 * row_bytes(text, PROMPT + CAP, CAP, False) + state / 2
+    assert micro_batch.size_micro_batch(short, model, PROMPT, budget_bytes=budget).adamw_state_on_gpu is False

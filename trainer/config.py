@@ -355,16 +355,14 @@ class CapGRPOConfig(GRPOConfig):
 
     def _decide_backends(self, world: int, cuda: bool) -> None:
         """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
-        process without vLLM and not deterministic (asked for on a CPU, the fixed shapes and static cache run
+        process without vLLM (asked for on a CPU, the fixed shapes and static cache run
         eagerly: transformers compiles generation on accelerators only), CPUAdamW for single-process GPU runs,
         our chunked gated delta rule in GPU training passes, and in-training evaluation on the colocated vLLM
         engine with one process (under FSDP pushing weights is a collective, and only the main process
         evaluates)."""
         compiled = self.compiled_generation
         if compiled is None:  # use_cpu: the model stays on the CPU even where CUDA is present
-            compiled = (
-                cuda and not self.use_cpu and world == 1 and not self.use_vllm and not self.deterministic
-            )
+            compiled = cuda and not self.use_cpu and world == 1 and not self.use_vllm
         cpu_adamw = self.cpu_adamw
         if cpu_adamw is None:  # use_cpu on a GPU host: torch's AdamW, as on a CPU machine (the H200's suite)
             cpu_adamw = cuda and not self.use_cpu and world == 1

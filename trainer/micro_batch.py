@@ -6,7 +6,8 @@ memory where a step of short ones fitted. A setting given in the recipe or on th
 - CUDA: the largest micro-batch (a divisor of the process's rollouts) whose estimated activation memory fits
   the device's memory less the weights, grads, GPU optimizer state, TRL's fused-head workspace, the kept
   generation cache and vLLM's share; without checkpointing when that micro-batch holds at least SATURATING_TOKENS tokens (or is as large
-  as checkpointing would allow), else with it.
+  as checkpointing would allow), else with it. CPUAdamW's fp32 state (12 bytes a parameter) goes on the GPU where
+  the same micro-batch fits beside it, or a smaller one that still holds SATURATING_TOKENS (`place_state`).
 - CPU: the largest micro-batch within CPU_TOKEN_BUDGET tokens, without checkpointing.
 The per-token estimate (`bytes_per_token`) counts what autograd keeps for the backward, per decoder layer and in
 TRL's fused LM head (which never holds the [tokens, vocabulary] logits); bench/activation_memory.py counts
@@ -151,6 +152,40 @@ def choose(
     return recomputed or 1, True
 
 
+def place_state(
+    rollouts: int,
+    row_tokens: int,
+    completion_tokens: int,
+    per_token,
+    budget_bytes: float,
+    state_bytes: float,
+    *,
+    rows: int | None = None,
+    checkpointing: bool | None = None,
+    decide: bool = True,
+) -> tuple[int, bool, bool, float]:
+    """(rows, checkpointing, state on the GPU, the activations' budget) with CPUAdamW's `state_bytes`: beside the
+    micro-batch when `decide` finds it fits there (the same micro-batch, or a smaller one that still holds
+    SATURATING_TOKENS without checkpointing), on the GPU regardless when not deciding and `state_bytes` > 0."""
+
+    def sized(budget: float) -> tuple[int, bool, bool]:
+        n, c = choose(
+            rollouts, row_tokens, completion_tokens, per_token, budget, rows=rows, checkpointing=checkpointing
+        )
+        every, completion = per_token(c)
+        return n, c, n * (row_tokens * every + completion_tokens * completion) <= budget
+
+    if not decide:
+        return *sized(budget_bytes - state_bytes)[:2], state_bytes > 0, budget_bytes - state_bytes
+    alone, beside = sized(budget_bytes), sized(budget_bytes - state_bytes)
+    # a smaller micro-batch that still saturates the matmuls costs less than the host's update: at 1.82B, 16 -> 8
+    # rows of 1152 tokens took the training pass from 10.5 to 11.2 s and the optimizer from 1.6 to 0.05 s
+    busy = not beside[1] and beside[0] * row_tokens >= SATURATING_TOKENS
+    if beside[2] and (beside[:2] == alone[:2] or busy):
+        return *beside[:2], True, budget_bytes - state_bytes
+    return *alone[:2], False, budget_bytes
+
+
 def longest_prompt(tokenizer, problems, system: str, candidates: int = 16) -> int:
     """Tokens of the longest prompt as rendered for the model (`data.prompt.render_prompt`), tokenizing only the
     `candidates` longest problems by bytes (a real pool holds tens of thousands; a token is at least one byte,
@@ -205,26 +240,14 @@ def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float
         budget_bytes = cuda_budget(args, model, static)
 
     state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)  # fp32 master, two moments
-    if on_gpu:
-        budget_bytes -= state
     per_token = lambda c: bytes_per_token(text, dtype_bytes, c)  # noqa: E731
-    rows, ckpt = choose(
-        rollouts,
-        row_tokens,
-        args.max_completion_length,
-        per_token,
-        budget_bytes,
-        rows=rows,
-        checkpointing=ckpt,
+    sizes = (rollouts, row_tokens, args.max_completion_length, per_token)
+    decide = args.adamw_state_on_gpu is None and args.resolved_backends().cpu_adamw
+    rows, ckpt, on_gpu, budget_bytes = place_state(
+        *sizes, budget_bytes, state if decide or on_gpu else 0, rows=rows, checkpointing=ckpt, decide=decide
     )
     every, completion = per_token(ckpt)
     need = rows * (row_tokens * every + args.max_completion_length * completion)
-    if (
-        args.adamw_state_on_gpu is None
-        and args.resolved_backends().cpu_adamw
-        and need <= budget_bytes - state
-    ):
-        on_gpu, budget_bytes = True, budget_bytes - state  # the state fits beside the same micro-batch
     if need > budget_bytes:
         logger.warning(
             "per_device_train_batch_size: %d row(s) of %d tokens need ~%.1f GiB of activations by our estimate, "

@@ -149,7 +149,8 @@ class CapGRPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "CPUAdamW's fp32 state on the GPU instead of the host (default: when the memory estimate "
-            "that sizes the micro-batch has room for it at the same micro-batch; run.json launch.micro_batch)."
+            "that sizes the micro-batch has room for it at the same micro-batch, or at a smaller one that still "
+            "saturates the matmuls: trainer/micro_batch.py place_state; run.json launch.micro_batch)."
         },
     )
     resume: str | None = field(

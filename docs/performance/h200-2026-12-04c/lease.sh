@@ -7,6 +7,10 @@
 #   bash docs/performance/h200-2026-12-04c/lease.sh receive 2   # carry [".carry/sm2/call02"]
 #   bash docs/performance/h200-2026-12-04c/lease.sh det-smollm2 # carry [".carry/sm2/call03", ".whl"]
 #   bash docs/performance/h200-2026-12-04c/lease.sh suite       # carry [".whl"]; then det-q35 GEN, levers
+# What ran (code at c2b6f10), in this order: receive 1, receive 2, det-smollm2, suite, `det-q35 true`; then, with
+# 423 s of the lease left, the `levers` part's first two commands by hand with shorter timeouts (the second, --tf32,
+# stopped at its first rollout: the tf32_matmuls bug, docs/PERFORMANCE.md), then its third (the profile). The raw
+# rows and logs are in rows.tar.xz beside this script (python -m rundir.archive unpack ... to read them as files).
 # Each part writes under $OUT and stops itself before the call's 600 s limit.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

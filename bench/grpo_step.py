@@ -494,6 +494,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         adamw_state_on_gpu=a.adamw_state_on_gpu,  # ours only: plain TRL gets cpu_adamw_for()
         deterministic=a.deterministic,
         compile_gated_delta_terms=a.compile_gated_delta_terms,
+        compile_norms_mlp=a.compile_norms_mlp,
         tf32=a.tf32 or None,  # TrainingArguments' switch: float32 products on TF32 cores, whole run
         report_to="none",
         disable_tqdm=True,
@@ -620,6 +621,7 @@ def run_arm(
             "gated_delta_rule": rule_of(name, args),
             "adamw_state_on_gpu": getattr(args.resolved_micro_batch(), "adamw_state_on_gpu", False),
             "tf32": bool(args.tf32),
+            "compile_norms_mlp": args.compile_norms_mlp and not name.startswith("plain"),  # ours only
             "deterministic": bool(args.deterministic),
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
@@ -767,6 +769,9 @@ def parse(argv=None):
         "--deterministic",
         action="store_true",
         help="deterministic: true (trainer/train.py apply_determinism); --compare-with --rtol 0 checks two runs",
+    )
+    ap.add_argument(
+        "--compile-norms-mlp", action="store_true", help="ours: compile_norms_mlp (norms and MLPs compiled)"
     )
     ap.add_argument("--tf32", action="store_true", help="tf32: true (float32 products on TF32 tensor cores)")
     ap.add_argument(

@@ -27,6 +27,7 @@ from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
 from trainer.chunked_gated_delta import NAME, chunked_gated_delta_rule, compiled_rule  # noqa: E402
+from trainer.compiled_parts import compiled_parts  # noqa: E402
 
 H200_BF16_FLOPS = 790e12  # dense, the device README's figure
 
@@ -186,6 +187,9 @@ def main(argv=None) -> dict:
         "(trainer/chunked_gated_delta.py, the trainer's on GPUs), ours with its chunk-parallel part compiled "
         "(compile_gated_delta_terms), or transformers' under torch.compile",
     )
+    ap.add_argument(
+        "--compile-norms-mlp", action="store_true", help="norms and MLPs compiled (trainer/compiled_parts.py)"
+    )
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="writes training_pass.json")
@@ -197,7 +201,7 @@ def main(argv=None) -> dict:
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__ does
-    with rule_in_place(model, a.rule):
+    with rule_in_place(model, a.rule), compiled_parts(model, a.compile_norms_mlp):
         b = batch(a.rows, a.prompt, a.completion, a.vocab, device)
         warm = training_pass(model, b, a.micro_batch, a.completion)  # with --rule compiled, the compile too
         times = [training_pass(model, b, a.micro_batch, a.completion) for _ in range(a.repeats)]

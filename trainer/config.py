@@ -145,6 +145,13 @@ class CapGRPOConfig(GRPOConfig):
             "length; its chunk loop stays eager). Off until measured in whole steps (docs/PERFORMANCE.md)."
         },
     )
+    compile_norms_mlp: bool = field(
+        default=False,
+        metadata={
+            "help": "Compile the training forward's RMSNorms, gated norms and MLPs (one graph per class, dynamic "
+            "in tokens; trainer/compiled_parts.py). Off until measured in whole steps (docs/PERFORMANCE.md)."
+        },
+    )
     adamw_state_on_gpu: bool | None = field(
         default=None,
         metadata={

@@ -36,6 +36,7 @@ from rundir.state import load_state, restore_rng_state
 from trainer import cpu_generation, generation, lora_push, micro_batch, sampler_agreement
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.chunked_gated_delta import chunked_gated_delta
+from trainer.compiled_parts import compiled_parts
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
@@ -340,13 +341,14 @@ class CapGRPOTrainer(GRPOTrainer):
     # --- metrics of the policy on its own samples ---------------------------------------------------
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         # Keep the loss pass's log-probs so the step can report their median over active tokens; on GPUs the
-        # forward runs our chunked gated delta rule (its backward moves ~half the bytes of transformers').
+        # forward runs our chunked gated delta rule (its backward moves ~half the bytes of transformers'), and
+        # with compile_norms_mlp fused norms and MLPs.
         rule = (
             chunked_gated_delta(self.model, self.args.compile_gated_delta_terms)
             if self.args.resolved_backends().chunked_gated_delta
             else nullcontext()
         )
-        with rule:
+        with rule, compiled_parts(self.model, self.args.compile_norms_mlp):
             logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         self._last_logps = logps
         return logps, entropies, aux

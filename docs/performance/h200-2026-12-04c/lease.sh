@@ -51,5 +51,13 @@ levers)  # issue 48: the step with the optimizer's state on the GPU (forced) and
   timeout 200 python3 bench/grpo_step.py $B --out $OUT/q35_state_gpu > $OUT/q35_state_gpu.log 2>&1
   timeout 200 python3 bench/grpo_step.py $B --tf32 --out $OUT/q35_tf32 > $OUT/q35_tf32.log 2>&1
   timeout $(left) python3 bench/training_pass.py --rule ours-compiled-terms --repeats 1 --profile --top 60 --out $OUT/pass_profile > $OUT/pass_profile.log 2>&1 ;;
+next)  # not run (the lease's time was spent): the levers built after it, for the next lease, then the suite's
+  # four fixed tests. compile_norms_mlp alone and with the rest, TF32 after the tf32_matmuls fix, in whole steps
+  wheels
+  timeout 150 python3 bench/training_pass.py --rule ours-compiled-terms --compile-norms-mlp --repeats 1 --out $OUT/pass_norms > $OUT/pass_norms.log 2>&1
+  B="--steps 2 --p-ended 0 --no-plain --compile-gated-delta-terms"
+  timeout 170 python3 bench/grpo_step.py $B --compile-norms-mlp --out $OUT/q35_norms > $OUT/q35_norms.log 2>&1
+  timeout 170 python3 bench/grpo_step.py $B --compile-norms-mlp --tf32 --out $OUT/q35_norms_tf32 > $OUT/q35_norms_tf32.log 2>&1
+  timeout $(left) python3 -m pytest -q -n 8 tests/test_micro_batch.py tests/test_generation.py tests/test_bench_grpo_step.py tests/test_compiled_parts.py > $OUT/pytest-fixed.log 2>&1 ;;
 esac
 echo "part $part done at ${SECONDS}s"

@@ -155,7 +155,9 @@ def test_transformers_generation_stays_off_vllm(tiny, tmp_path, monkeypatch):
 )
 def test_cpu_adamw_default(tiny, tmp_path, cpu_adamw, cuda, processes, expected):
     trainer = make_trainer(tiny, tmp_path, cpu_adamw=cpu_adamw)
-    # what __post_init__ decides on a machine with (or without) CUDA and this many processes
+    # what __post_init__ decides for a GPU recipe (use_cpu false) on a machine with (or without) CUDA and this
+    # many processes
+    trainer.args.use_cpu = False
     trainer.args._decide_backends(world=processes, cuda=cuda)
     trainer.optimizer = None
     optimizer = trainer.create_optimizer()

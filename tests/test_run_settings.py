@@ -88,7 +88,12 @@ def test_grader_limits_default_to_the_configs(tmp_path):
         ({}, False, 1, (False, False, "eager", False)),  # CPU
         ({}, True, 1, (True, True, "compiled", True)),  # one GPU
         ({}, True, 2, (False, False, "eager", True)),  # several GPUs: FSDP2 shards plain AdamW
-        ({"use_cpu": True}, True, 1, (False, True, "eager", False)),  # a CPU recipe on a GPU machine
+        (
+            {"use_cpu": True},
+            True,
+            1,
+            (False, False, "eager", False),
+        ),  # a CPU recipe on a GPU machine: as on a CPU
         ({"compiled_generation": True, "cpu_adamw": False}, False, 1, (True, False, "compiled", False)),
         ({"chunked_gated_delta": True}, False, 1, (False, False, "eager", True)),
         ({"chunked_gated_delta": False}, True, 1, (True, True, "compiled", False)),

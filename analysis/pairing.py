@@ -8,7 +8,6 @@ more than the seed, the arm and where the run was written. Differences that leav
 (grader versions, caps, eval sampling, per-sample seeds) become warnings.
 """
 
-import glob
 import json
 import re
 from dataclasses import dataclass
@@ -92,10 +91,10 @@ def expand_runs(spec) -> list[Path]:
     for item in spec if isinstance(spec, list | tuple) else [spec]:
         for part in filter(None, (p.strip() for p in str(item).split(","))):
             if re.search(r"[*?[]", part):
-                found = sorted(p for p in glob.glob(part) if archive.exists(Path(p) / "run.json"))
+                found = [p for p in archive.glob(part) if archive.exists(p / "run.json")]
                 if not found:
                     raise CompareError(f"{part!r} matches no run directory (no match holds a run.json)")
-                paths += map(Path, found)
+                paths += found
             else:
                 paths.append(Path(part))
     if not paths:

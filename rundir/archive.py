@@ -1,5 +1,5 @@
-"""Published rows, compressed: one `rows.tar.xz` per published folder holds every `.jsonl` and `.log` file and every
-run.json under it, byte for byte, and the readers of rundir/ read them from there as if they were on disk.
+"""Published rows, compressed: one `rows.tar.xz` per published folder holds every `.jsonl` and `.log` file, every
+run.json and every run card (README.md beside a run.json) under it, byte for byte, and the readers of rundir/ read them from there as if they were on disk.
 
 A published experiment (docs/experiment-*/<launch>/) is run directories whose rows repeat across runs (the same
 base evaluation in every seed, the same prompts): compressed together they take 1.3 MB where the plain files
@@ -15,6 +15,8 @@ archive is refused by the readers, by name: one of the two would otherwise be si
 """
 
 import argparse
+import fnmatch
+import glob as pyglob
 import io
 import lzma
 import shutil
@@ -26,6 +28,14 @@ from pathlib import Path, PurePosixPath
 ARCHIVE = "rows.tar.xz"
 PACKED = (".jsonl", ".log")
 PACKED_NAMES = ("run.json",)  # 86 published run.json files: 1.5 MB plain, 13 KB packed
+CARD = "README.md"  # a run's card (cards/), packed where a run.json sits beside it: 53 cards, 255 KB plain
+
+
+def packed(path: Path) -> bool:
+    """Whether `pack` puts this file in the archive: rows, logs, run.json and run cards (not a folder's README)."""
+    if path.suffix in PACKED or path.name in PACKED_NAMES:
+        return True
+    return path.name == CARD and (path.parent / "run.json").is_file()
 
 
 class ArchiveError(ValueError):
@@ -98,6 +108,23 @@ def folders(root: Path | str) -> set[Path]:
     return found
 
 
+def glob(pattern: str) -> list[Path]:
+    """Paths matching a shell pattern, on disk or as folders inside archives (a run folder whose files are all
+    packed exists only there), sorted; `*` stays within one path segment, as the shell's."""
+    parts = Path(pattern).parts
+    fixed = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+    root = Path(*parts[:fixed]) if fixed else Path(".")
+    on_disk = {Path(p) for p in pyglob.glob(pattern)}
+    while not root.is_dir():  # a folder that exists only in an archive: its archive is further up
+        if len(root.parts) <= 1:
+            return sorted(on_disk)
+        root = root.parent
+    candidates = (f for f in folders(root) if len(f.parts) == len(parts))
+    return sorted(
+        on_disk | {f for f in candidates if fnmatch.fnmatchcase(f.as_posix(), Path(pattern).as_posix())}
+    )
+
+
 def listing(folder: Path | str, pattern: str) -> list[Path]:
     """The files of `folder` (not below it) matching `pattern`, on disk and in archives above it, sorted."""
     folder = Path(folder)
@@ -120,15 +147,13 @@ def listing(folder: Path | str, pattern: str) -> list[Path]:
 
 
 def pack(folder: Path) -> Path:
-    """Every .jsonl and .log file and run.json under `folder` into folder/rows.tar.xz (same bytes; deterministic: sorted,
+    """Every .jsonl and .log file, run.json and run card under `folder` into folder/rows.tar.xz (same bytes; deterministic: sorted,
     no times or owners), checked by reading it back, then the plain files removed."""
     folder = Path(folder)
     archive = folder / ARCHIVE
     if archive.exists():
         raise ArchiveError(f"{archive}: exists; unpack it and pack the folder again")
-    files = sorted(
-        p for p in folder.rglob("*") if p.is_file() and (p.suffix in PACKED or p.name in PACKED_NAMES)
-    )
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and packed(p))
     if not files:
         raise ArchiveError(f"{folder}: no {', '.join(PACKED + PACKED_NAMES)} files to pack")
     tmp = archive.with_name(ARCHIVE + ".tmp")

@@ -22,12 +22,20 @@ def plain(tmp_path) -> Path:
 
 def test_a_packed_run_reads_as_its_plain_files(plain, tmp_path):
     packed = tmp_path / "packed"
+    (plain / "README.md").write_text("a folder's own README stays on disk\n")
     shutil.copytree(plain, packed)
-    rows = lambda p: p.suffix in (".jsonl", ".log") or p.name == "run.json"  # noqa: E731  (what is packed)
+    card = lambda p: p.name == "README.md" and (p.parent / "run.json").is_file()  # noqa: E731  (a run's card)
+    rows = lambda p: p.suffix in (".jsonl", ".log") or p.name == "run.json" or card(p)  # noqa: E731  (packed)
     before = {p.relative_to(plain) for p in plain.rglob("*") if rows(p)}
-    assert before and (plain / "runs/S2/results/steps.jsonl").is_file()
+    assert (
+        before
+        and (plain / "runs/S2/results/steps.jsonl").is_file()
+        and (plain / "runs/S2/README.md").is_file()
+    )
+    assert Path("runs/S2/README.md") in before and Path("README.md") not in before
     archive.pack(packed)
     assert not [p for p in packed.rglob("*") if rows(p)]  # the plain files are gone
+    assert (packed / "README.md").is_file()
     a, b = Run(plain / "runs/S2"), Run(packed / "runs/S2")
     assert b.steps == a.steps and list(b.eval_files) == list(a.eval_files)
     assert b.scores == a.scores and b.table(40) == a.table(40)
@@ -39,6 +47,23 @@ def test_a_packed_run_reads_as_its_plain_files(plain, tmp_path):
         assert {Path(m.name) for m in tar.getmembers()} == before
         member = tar.extractfile("runs/S0/results/steps.jsonl").read()
     assert member == (plain / "runs/S0/results/steps.jsonl").read_bytes()
+
+
+def test_glob_finds_run_folders_that_exist_only_in_the_archive(plain, tmp_path, monkeypatch):
+    from analysis.pairing import expand_runs
+
+    packed = tmp_path / "packed"
+    shutil.copytree(plain, packed)
+    archive.pack(packed)
+    assert not [p for p in (packed / "runs").rglob("*") if p.is_file()]  # cards, rows, run.json: all packed
+    shutil.rmtree(packed / "runs")  # the empty folders pack leaves, which a git clone does not have
+    monkeypatch.chdir(tmp_path)
+    assert archive.glob("packed/runs/S*") == [Path("packed/runs/S0"), Path("packed/runs/S2")]
+    assert archive.glob("packed/runs/S*/results") == [
+        Path("packed/runs/S0/results"),
+        Path("packed/runs/S2/results"),
+    ]
+    assert expand_runs("packed/runs/S*") == [Path("packed/runs/S0"), Path("packed/runs/S2")]
 
 
 def test_pack_is_deterministic_and_refuses_an_existing_archive(plain, tmp_path):

@@ -98,9 +98,8 @@ def test_launch6_leaves_the_failed_runs_seed_out_and_compares_at_step_20():
     pair leaves the seed-level test; the other ten runs all evaluated step 20; all twelve, step 10."""
     launch = DOCS / "launch6"
     lx = _launch(launch)
-    assert [r.name for r in sorted(launch.glob("smollm2-*")) if r.is_dir() and lx.failed(r)] == [
-        "smollm2-S0-s1"
-    ]
+    runs = sorted(lx.dir(arm, seed) for arm in PLAN.arms for seed in PLAN.seeds)
+    assert len(runs) == 12 and [r.name for r in runs if lx.failed(r)] == ["smollm2-S0-s1"]
     assert lx.tested_seeds() == (0, 2, 3, 4, 5)
     assert lx.common_step((0, 2, 3, 4, 5)) == 20 and lx.common_step() == 10
     block = primary(lx)
@@ -114,7 +113,8 @@ def test_launch7_tests_every_seed_at_step_30_and_its_skipped_updates_are_not_fai
     pairs enter the primary at the plan's step 30 (no deviation, no sensitivity reading)."""
     launch = DOCS / "launch7"
     lx = _launch(launch)
-    assert not any(lx.failed(r) for r in launch.glob("smollm2-*") if r.is_dir())
+    runs = [lx.dir(arm, seed) for arm in PLAN.arms for seed in PLAN.seeds]
+    assert len(runs) == 12 and all(lx.started(r) for r in runs) and not any(lx.failed(r) for r in runs)
     assert lx.tested_seeds() == PLAN.seeds and lx.common_step() == 30
     rows = read_jsonl(launch / "smollm2-S2-s5/results/steps.jsonl")
     assert [r["step"] for r in rows if r["update_skipped"]] == [11, 12]

@@ -8,7 +8,10 @@ backward, at one layer's shapes, in the ways the training pass could run it:
 trainer/chunked_gated_delta.py, what our training pass runs on GPUs; `compiled` is transformers' function under
 torch.compile (Inductor fuses its float32 elementwise passes; the matmuls and triangular solves stay library
 calls), `compiled-ours` ours under it (its chunk loop unrolls: one compilation per chunk count),
-`ours-compiled-terms` ours with only its chunk-parallel part compiled, dynamic in the chunk count; `+tf32` lets float32 products use TF32 tensor cores. Each variant's outputs and
+`ours-compiled-terms` ours with only its chunk-parallel part compiled, dynamic in the chunk count; `fla`
+flash-linear-attention's kernels (bf16 Triton, with tilelang for one backward kernel on Hopper: what transformers
+binds when fla is installed, and then `eager` is still its torch fallback); `+tf32` lets float32 products use TF32
+tensor cores. Each variant's outputs and
 input gradients are compared with eager's (max abs difference over max abs value), and its peak memory above
 the inputs is recorded: what the micro-batch estimate has to cover.
 """
@@ -26,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 import torch  # noqa: E402
 from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
 
-from bench.training_pass import profile_call, sync  # noqa: E402
+from bench.training_pass import fla_rule, fla_versions, profile_call, sync, torch_fallback  # noqa: E402
 from trainer.chunked_gated_delta import chunk_terms, chunked_gated_delta_rule  # noqa: E402
 from trainer.generation import tf32_matmuls  # noqa: E402
 
@@ -64,12 +67,14 @@ def main(argv=None) -> dict:
     ap.add_argument("--variants", default="eager,ours,compiled")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument(
-        "--profile", action="store_true", help="also the top kernels of one eager and one ours call"
+        "--profile",
+        action="store_true",
+        help="also the top kernels of one eager, one ours and (when asked) one fla call",
     )
     ap.add_argument("--out", type=Path, default=None, help="writes gated_delta_rule.json")
     a = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    fn = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    fn = torch_fallback(modeling_qwen3_5.torch_chunk_gated_delta_rule)
     xs = inputs(a.rows, a.length, a.heads, a.dim, device)
     grad_out = torch.randn(a.rows, a.length, a.heads, a.dim, device=device, dtype=torch.bfloat16)
     reference = run(fn, xs, grad_out)
@@ -77,8 +82,10 @@ def main(argv=None) -> dict:
     functions |= {"compiled": torch.compile(fn), "compiled-ours": torch.compile(chunked_gated_delta_rule)}
     terms = torch.compile(chunk_terms, dynamic=True)
     functions["ours-compiled-terms"] = functools.partial(chunked_gated_delta_rule, terms=terms)
+    if "fla" in a.variants.split(","):
+        functions["fla"] = fla_rule()
     result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}, "variants": {}}
-    result["torch"], result["device"] = torch.__version__, str(device)
+    result["torch"], result["device"], result["fla"] = torch.__version__, str(device), fla_versions()
     for name in a.variants.split(","):
         f = functions[name.removesuffix("+tf32")]
         scope = tf32_matmuls() if name.endswith("+tf32") else contextlib.nullcontext()
@@ -116,7 +123,7 @@ def main(argv=None) -> dict:
             row["first_call_other_length_s"] = time.perf_counter() - t0
         result["variants"][name] = row
         print(name, json.dumps(row), flush=True)
-    for name in ("eager", "ours") if a.profile else ():
+    for name in [n for n in ("eager", "ours", "fla") if n in functions] if a.profile else ():
         p = profile_call(lambda f=functions[name]: run(f, xs, grad_out), top=30)
         result[f"profile_{name}"] = p
         print(

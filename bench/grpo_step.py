@@ -84,6 +84,7 @@ from rewards.outcome import Outcome  # noqa: E402
 from rewards.reward import OutcomeReward  # noqa: E402
 from trainer import generation  # noqa: E402
 from trainer.checkpoint import save_state_dir, save_weights  # noqa: E402
+from trainer.chunked_gated_delta import FLA  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
@@ -107,6 +108,8 @@ COMPARED = ("sampled", "qualified", "trained", "loss", "grad_norm", "eval_sha256
 def rule_of(name: str, args) -> str:
     """The chunked gated delta rule the run's training pass ran: plain TRL's GRPOTrainer never enters ours,
     though the shared config resolves it."""
+    if FLA:  # transformers binds fla's kernels by itself, and ours steps aside
+        return "fla"
     if name.startswith("plain") or not args.resolved_backends().chunked_gated_delta:
         return "transformers"
     return "ours, chunk terms compiled" if args.compile_gated_delta_terms else "ours"

@@ -14,7 +14,10 @@ at the H200's dense bf16 rate.
 
 import argparse
 import contextlib
+import importlib.metadata
+import inspect
 import json
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -109,18 +112,50 @@ def profile_call(call, top: int) -> dict:
     return {"wall_ms": wall * 1e3, "device_busy_ms": busy, "top": table}
 
 
+def torch_fallback(bound):
+    """transformers' torch reference under the name it binds: with fla importable that name dispatches to fla
+    (transformers' `use_kernel_func_from_hub_with_fallback`), and `__wrapped__` leads back to the reference."""
+    return inspect.unwrap(bound)
+
+
+def fla_rule():
+    """flash-linear-attention's chunked rule, what transformers binds when fla imports. fla 0.6.0 routes its
+    backward's dq/dk/dw/dg kernel to tilelang on Hopper with Triton >= 3.4 (its Triton kernel is wrong there,
+    fla #640) when tilelang and nvcc are present; its dispatch logs the backend it took at INFO."""
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+    logging.getLogger("fla").setLevel(logging.INFO)
+    return chunk_gated_delta_rule
+
+
+def fla_versions() -> dict:
+    """What an `fla` row ran on: fla's and tilelang's versions, and whether fla may use tilelang here."""
+    out = {}
+    for dist in ("fla-core", "tilelang"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    if out["fla-core"]:
+        from fla.backends import TileLangBackend
+
+        out["tilelang_usable"] = TileLangBackend.is_available() and TileLangBackend().is_enabled()
+    return out
+
+
 @contextlib.contextmanager
 def rule_in_place(model, rule: str) -> Iterator[None]:
-    """The chosen chunked rule under the name the layers look up at each call, transformers' again after."""
+    """The chosen chunked rule under the name the layers look up at each call, the bound one again after."""
     module = gdn_module(model)
-    reference = getattr(module, NAME)
-    rules = {"ours": chunked_gated_delta_rule, "ours-compiled-terms": compiled_rule()}
-    if rule != "transformers":
-        setattr(module, NAME, rules[rule] if rule in rules else torch.compile(reference))
+    bound = getattr(module, NAME)
+    rules = {"ours": lambda: chunked_gated_delta_rule, "ours-compiled-terms": compiled_rule}
+    rules |= {"transformers": lambda: torch_fallback(bound), "fla": fla_rule}
+    rules["compiled"] = lambda: torch.compile(torch_fallback(bound))
+    setattr(module, NAME, rules[rule]())
     try:
         yield
     finally:
-        setattr(module, NAME, reference)
+        setattr(module, NAME, bound)
 
 
 def gdn_module(model):
@@ -181,11 +216,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", action="store_true", help="also profile one micro-batch")
     ap.add_argument(
         "--rule",
-        choices=("transformers", "ours", "ours-compiled-terms", "compiled"),
+        choices=("transformers", "ours", "ours-compiled-terms", "compiled", "fla"),
         default="ours",
-        help="the linear attention's chunked gated delta rule: transformers' torch fallback (plain TRL's), ours "
-        "(trainer/chunked_gated_delta.py, the trainer's on GPUs), ours with its chunk-parallel part compiled "
-        "(compile_gated_delta_terms), or transformers' under torch.compile",
+        help="the linear attention's chunked gated delta rule: transformers' torch fallback (plain TRL's without "
+        "fla), ours (trainer/chunked_gated_delta.py, the trainer's on GPUs without fla), ours with its "
+        "chunk-parallel part compiled (compile_gated_delta_terms), transformers' under torch.compile, or "
+        "flash-linear-attention's kernels (what transformers and the trainer run when fla is installed)",
     )
     ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="norms and MLPs compiled (trainer/compiled_parts.py)"
@@ -210,6 +246,7 @@ def main(argv=None) -> dict:
             "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
             "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+            "fla": fla_versions(),
             "warm_up_s": warm,
             "pass_s": times,
             "floor_s": flops / H200_BF16_FLOPS,

@@ -31,3 +31,34 @@ def test_the_smoke_run_times_the_pass_and_the_gated_delta_rule(tmp_path, rule):
     assert len(text["pass_s"]) == 1 and text["pass_s"][0] > 0
     # the floor's seconds are its FLOPs at the H200's dense bf16 rate
     assert text["floor_s"] == pytest.approx(text["floor_tflop"] * 1e12 / training_pass.H200_BF16_FLOPS)
+
+
+def test_transformers_rule_is_the_torch_reference_even_where_fla_is_bound(monkeypatch):
+    """With fla importable, transformers binds a dispatcher to fla under the reference's name; the benchmark's
+    `transformers` rule must still be the torch reference (its `__wrapped__`), `fla` must be fla's own, and the
+    bound name must come back after the block."""
+    import functools
+    import types
+
+    def reference(*args, **kwargs):
+        return "reference"
+
+    @functools.wraps(reference)
+    def bound(*args, **kwargs):
+        return "fla"
+
+    module = types.SimpleNamespace(**{training_pass.NAME: bound})
+    monkeypatch.setattr(training_pass, "gdn_module", lambda model: module)
+    with training_pass.rule_in_place(None, "transformers"):
+        assert getattr(module, training_pass.NAME)() == "reference"
+    assert getattr(module, training_pass.NAME) is bound
+    with training_pass.rule_in_place(None, "ours"):
+        assert getattr(module, training_pass.NAME) is training_pass.chunked_gated_delta_rule
+    assert getattr(module, training_pass.NAME) is bound
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fla") is not None, reason="fla is installed here")
+def test_the_fla_rule_without_fla_stops_naming_it():
+    with pytest.raises(ModuleNotFoundError, match="fla"):
+        training_pass.fla_rule()
+    assert training_pass.fla_versions() == {"fla-core": None, "tilelang": None}

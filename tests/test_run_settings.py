@@ -106,3 +106,14 @@ def test_backends_are_decided_once_in_the_config(tmp_path, fields, cuda, world, 
     assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation, b.chunked_gated_delta) == want
     names = ("compiled_rollouts", "cpu_adamw", "eval_generation", "chunked_gated_delta")
     assert b.to_json() == dict(zip(names, want))
+
+
+def test_with_fla_installed_a_gpu_run_records_that_ours_is_not_in_the_training_pass(tmp_path, monkeypatch):
+    """transformers binds fla's kernels when fla imports and our block steps aside, so run.json's backends
+    must not claim our rule ran (what the H200's fla rows were read by)."""
+    from trainer import config
+
+    monkeypatch.setattr(config, "FLA", True)
+    args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none")
+    args._decide_backends(world=1, cuda=True)
+    assert args.resolved_backends().chunked_gated_delta is False

@@ -13,6 +13,7 @@ from data.prompt import SYSTEM_PROMPT
 from policy.arms import Arm, resolve_arm
 from rewards.grader import GraderPool
 from rewards.outcome import GRADER_VERSIONS
+from trainer.chunked_gated_delta import FLA
 from trainer.generation import PROMPT_MULTIPLE
 from trainer.micro_batch import MicroBatch
 
@@ -377,8 +378,10 @@ class CapGRPOConfig(GRPOConfig):
         vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
         evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"
         chunked = self.chunked_gated_delta
-        if chunked is None:  # CPU runs keep transformers' function, so their recorded rows recompute bitwise
-            chunked = cuda and not self.use_cpu
+        if chunked is None:  # CPU runs keep transformers' function, so their recorded rows recompute bitwise;
+            chunked = (
+                cuda and not self.use_cpu and not FLA
+            )  # with fla installed transformers binds its kernels
         self._backends = Backends(compiled, cpu_adamw, evaluation, chunked)
 
     def resolved_backends(self) -> Backends:

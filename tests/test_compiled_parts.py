@@ -36,7 +36,7 @@ def test_compiled_parts_give_eager_numbers_at_every_length_without_compiling_per
     assert names == {"Qwen3_5RMSNorm", "Qwen3_5RMSNormGated", "Qwen3_5MLP"}
     counters.clear()
     graphs = []
-    for length in (24, 40, 72):
+    for length in (24, 40, 72, 136, 264, 100):
         want, want_grads = forward_backward(model, length, False)
         got, grads = forward_backward(model, length, True)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -45,7 +45,9 @@ def test_compiled_parts_give_eager_numbers_at_every_length_without_compiling_per
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
         graphs.append(counters["stats"]["unique_graphs"])
         assert not any("forward" in vars(m) for m in parts(model))  # the class's own forward again
-    assert graphs[0] > 0 and graphs[-1] == graphs[1], graphs  # one graph per class and rank, not per length
+    # one graph per class and input layout, not per length; CPU Inductor may add one more, once, when a norm's
+    # rows pass 4096 (its `need_use_acc_helper` guard, seen with torch 2.11 on the H200 host's 16 threads)
+    assert graphs[0] > 0 and len(set(graphs[2:])) == 1 and graphs[2] - graphs[0] <= 1, graphs
 
 
 def test_off_leaves_the_model_alone():

@@ -14,6 +14,15 @@
 #   bash docs/performance/h200-2026-12-04d/lease.sh levers fla  # carry [".whl"] (or `levers ours`)
 #   bash docs/performance/h200-2026-12-04d/lease.sh suite       # carry [".whl"]
 # Each part writes under $OUT and stops itself before the call's 600 s limit.
+# What ran (code at 0847635; calls 7-9 at 1a90e5c, its test fix), 9 calls, 1,734 of 1,800 s of device time:
+#   1 receive 1; 2 fla (511 s; its run folders' three files were not copied back, over the call's file count:
+#   pass_fla and q35_fla are read from their logs); 3 levers fla (240 s); 4 suite (259 s: 1 failed, 850 passed);
+#   5 test_compiled_parts.py under TORCH_LOGS=recompiles (67 s); 6 its graph counts at 8 lengths (call6/g.log, the
+#   loop of tests/test_compiled_parts.py printing torch._dynamo's unique_graphs per length); 7 after the test's fix:
+#   pytest -n 3 tests/test_compiled_parts.py tests/test_bench_training_pass.py tests/test_run_settings.py (18 passed);
+#   8 receive 1; 9 the fla part's install, then by hand
+#   python3 bench/grpo_step.py --cap 8192 --groups 4 --steps 1 --p-ended 0 --no-plain   # c8192_fla.json
+# Logs of calls 2-4, 6 and 9 are in rows.tar.xz beside this script (callN/; python -m rundir.archive unpack).
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export CAPGRPO_COMMIT=${CAPGRPO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

@@ -31,6 +31,7 @@ from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
 from trainer.chunked_gated_delta import NAME, chunked_gated_delta_rule, compiled_rule  # noqa: E402
 from trainer.compiled_parts import compiled_parts  # noqa: E402
+from trainer.fla_conv import fla_conv  # noqa: E402
 
 H200_BF16_FLOPS = 790e12  # dense, the device README's figure
 
@@ -226,18 +227,31 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="norms and MLPs compiled (trainer/compiled_parts.py)"
     )
+    ap.add_argument(
+        "--fla-conv",
+        action="store_true",
+        help="the causal conv through fla's Triton kernel (trainer/fla_conv.py; needs fla and CUDA)",
+    )
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="writes training_pass.json")
     a = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if a.fla_conv and (device.type != "cuda" or not fla_versions()["fla-core"]):
+        sys.exit(
+            "--fla-conv: needs flash-linear-attention installed and a CUDA device (its kernel is Triton's)"
+        )
     a.p_ended, a.cap = 0, a.completion  # what random_qwen35 reads besides the sizes: no extra stop tokens
     model = random_qwen35(a, padded_tokenizer(a.vocab), device)
     model.train()
     if a.checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))  # as GRPOTrainer.__init__ does
-    with rule_in_place(model, a.rule), compiled_parts(model, a.compile_norms_mlp):
+    with (
+        rule_in_place(model, a.rule),
+        compiled_parts(model, a.compile_norms_mlp),
+        fla_conv(model, a.fla_conv),
+    ):
         b = batch(a.rows, a.prompt, a.completion, a.vocab, device)
         warm = training_pass(model, b, a.micro_batch, a.completion)  # with --rule compiled, the compile too
         times = [training_pass(model, b, a.micro_batch, a.completion) for _ in range(a.repeats)]

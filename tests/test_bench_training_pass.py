@@ -62,3 +62,9 @@ def test_the_fla_rule_without_fla_stops_naming_it():
     with pytest.raises(ModuleNotFoundError, match="fla"):
         training_pass.fla_rule()
     assert training_pass.fla_versions() == {"fla-core": None, "tilelang": None}
+
+
+def test_fla_conv_where_it_cannot_run_stops_with_one_line():
+    args = "--hidden 64 --layers 4 --intermediate 128 --vocab 600 --rows 8 --prompt 8 --completion 24"
+    with pytest.raises(SystemExit, match="--fla-conv: needs flash-linear-attention"):
+        training_pass.main([*args.split(), "--fla-conv"])

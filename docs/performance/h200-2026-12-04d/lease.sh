@@ -66,5 +66,11 @@ suite)  # issue 48's bar: the whole suite on the H200, 0 failed (docs/gpu.md "Th
   wheels
   timeout 480 python3 -m pytest -q -n 12 --dist loadgroup -p no:cacheprovider --durations=20 > $OUT/pytest-suite.log 2>&1
   tail -5 $OUT/pytest-suite.log ;;
+next)  # not run (the lease's time was spent), for the next lease after `receive 1` and the fla part's install
+  # lines (carry [".carry/fla/call02"]): fla's causal conv in the pass (trainer/fla_conv.py), then the users' cap with
+  # fla over two steps, so that step 2 is past every first-call cost
+  export PYTHONPATH=$FLA_SITE:$PWD
+  timeout 150 python3 bench/training_pass.py --rule fla --compile-norms-mlp --fla-conv --repeats 1 --out $OUT/pass_conv > $OUT/pass_conv.log 2>&1
+  timeout $(left) python3 bench/grpo_step.py --cap 8192 --groups 4 --steps 2 --p-ended 0 --no-plain --out $OUT/c8192_fla2 > $OUT/c8192_fla2.log 2>&1 ;;
 esac
 echo "part $part done at ${SECONDS}s"

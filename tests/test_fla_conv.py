@@ -1,0 +1,74 @@
+"""trainer/fla_conv.py on a CPU: the plumbing between transformers' conv contract ([B, C, T]) and fla's ([B, T, C]).
+fla's Triton kernel needs CUDA, so here a stand-in with fla's documented contract (x [B, T, D], weight [D, W],
+bias [D], activation 'silu' or None -> (y [B, T, D], final state)) computes the causal conv tap by tap; the model's
+logits and gradients must be those of transformers' own conv, and the module's function must come back after."""
+
+import sys
+import types
+from argparse import Namespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.grpo_step import padded_tokenizer, random_qwen35
+from trainer import fla_conv as module
+
+
+def taps(x, weight, bias=None, activation=None, **kwargs):
+    """fla's `causal_conv1d` contract, written out: y_t = sum_w weight[:, w] * x_{t - W + 1 + w} (+ bias)."""
+    width = weight.shape[1]
+    padded = F.pad(x, (0, 0, width - 1, 0))  # zeros before the first token
+    y = sum(padded[:, w : w + x.shape[1]] * weight[:, w] for w in range(width))
+    y = y + bias if bias is not None else y
+    assert activation in (None, "silu", "swish")
+    return (F.silu(y) if activation else y), None
+
+
+@pytest.fixture
+def fake_fla(monkeypatch):
+    calls = []
+    fake = types.ModuleType("fla.modules.causal_conv1d")
+    fake.causal_conv1d = lambda *a, **k: calls.append(a[0].shape) or taps(*a, **k)
+    for name in ("fla", "fla.modules"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "fla.modules.causal_conv1d", fake)
+    monkeypatch.setattr(module, "FLA", True)
+    return calls
+
+
+def forward_backward(model, ids, on: bool):
+    model.zero_grad()
+    with module.fla_conv(model, on):
+        logits = model(input_ids=ids).logits
+    logits.float().square().mean().backward()
+    return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def test_the_layers_run_fla_conv_with_transformers_numbers_and_get_theirs_back(fake_fla):
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    reference = getattr(modeling_qwen3_5, module.NAME)
+    a = Namespace(hidden=32, layers=4, intermediate=64, vocab=300, seed=0, p_ended=0, cap=8)
+    model = random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu")).train()
+    ids = torch.randint(0, 300, (2, 19), generator=torch.Generator().manual_seed(0))
+    want, want_grads = forward_backward(model, ids, on=False)
+    assert fake_fla == []  # off: transformers' conv
+    got, grads = forward_backward(model, ids, on=True)
+    linear = sum(t == "linear_attention" for t in model.config.get_text_config().layer_types)
+    assert len(fake_fla) == linear and all(s[:2] == (2, 19) for s in fake_fla)  # [B, T, C] handed to fla
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-6)
+    assert getattr(modeling_qwen3_5, module.NAME) is reference
+
+
+def test_without_fla_the_block_leaves_the_model_alone(monkeypatch):
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    monkeypatch.setattr(module, "FLA", False)
+    reference = getattr(modeling_qwen3_5, module.NAME)
+    a = Namespace(hidden=32, layers=4, intermediate=64, vocab=300, seed=0, p_ended=0, cap=8)
+    model = random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu"))
+    with module.fla_conv(model, on=True):
+        assert getattr(modeling_qwen3_5, module.NAME) is reference

@@ -17,7 +17,6 @@ import contextlib
 import importlib.metadata
 import inspect
 import json
-import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -122,10 +121,9 @@ def torch_fallback(bound):
 def fla_rule():
     """flash-linear-attention's chunked rule, what transformers binds when fla imports. fla 0.6.0 routes its
     backward's dq/dk/dw/dg kernel to tilelang on Hopper with Triton >= 3.4 (its Triton kernel is wrong there,
-    fla #640) when tilelang and nvcc are present; its dispatch logs the backend it took at INFO."""
+    fla #640) when tilelang and nvcc are present (`fla_versions()["tilelang_usable"]`; TileLang logs its compile)."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    logging.getLogger("fla").setLevel(logging.INFO)
     return chunk_gated_delta_rule
 
 

@@ -114,6 +114,13 @@ def test_with_fla_installed_a_gpu_run_records_that_ours_is_not_in_the_training_p
     from trainer import config
 
     monkeypatch.setattr(config, "FLA", True)
-    args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none")
-    args._decide_backends(world=1, cuda=True)
-    assert args.resolved_backends().chunked_gated_delta is False
+    for asked in (None, True):
+        args = CapGRPOConfig(
+            output_dir=str(tmp_path),
+            num_generations=2,
+            bf16=False,
+            report_to="none",
+            chunked_gated_delta=asked,
+        )
+        args._decide_backends(world=1, cuda=True)
+        assert args.resolved_backends().chunked_gated_delta is False

@@ -378,10 +378,10 @@ class CapGRPOConfig(GRPOConfig):
         vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
         evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"
         chunked = self.chunked_gated_delta
-        if chunked is None:  # CPU runs keep transformers' function, so their recorded rows recompute bitwise;
-            chunked = (
-                cuda and not self.use_cpu and not FLA
-            )  # with fla installed transformers binds its kernels
+        if chunked is None:  # CPU runs keep transformers' function, so their recorded rows recompute bitwise
+            chunked = cuda and not self.use_cpu
+        # with fla installed transformers binds fla's kernels and ours steps aside, asked for or not
+        chunked = chunked and not FLA
         self._backends = Backends(compiled, cpu_adamw, evaluation, chunked)
 
     def resolved_backends(self) -> Backends:

@@ -11,12 +11,11 @@ below are views. Measured by `bench/training_pass.py --fla-conv` only; not in th
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 import torch
 
-from trainer.chunked_gated_delta import FLA
+from trainer.chunked_gated_delta import FLA, modeling_module
 
 NAME = "causal_conv1d_fn"  # what transformers' Qwen3.5 layer calls (5.17 and 5.2x), looked up at each call
 
@@ -34,9 +33,8 @@ def fla_causal_conv(hidden_states, weight, bias=None, activation=None, **kwargs)
 def fla_conv(model, on: bool = True) -> Iterator[None]:
     """Inside the block the model's Qwen3.5 layers run fla's conv, transformers' function again after. Other
     architectures, and runs without fla, are untouched. fla's kernel is Triton's: CUDA tensors only."""
-    modules = (sys.modules.get(type(m).__module__) for m in model.modules())
-    module = next((m for m in modules if hasattr(m, NAME)), None)
-    if not (on and FLA and module is not None):
+    module = modeling_module(model)
+    if not (on and FLA and hasattr(module, NAME)):
         yield
         return
     reference = getattr(module, NAME)

@@ -2,13 +2,15 @@
 
     python bench/activation_memory.py                      # the 1.82B benchmark's layers, 1 row x 1152 tokens
     python bench/activation_memory.py --config-dir artifacts/smollm2 --prompt 128 --completion 512
+    python bench/activation_memory.py --device cuda --fla-conv     # with fla installed: fla's rule and conv
 
 Counts the bytes of every tensor autograd saves during one forward (TRL's fused LM head included, as
 GRPOTrainer calls it), once per storage, split at each decoder layer and the head. The layers' sizes do not
 depend on their number, so the 1.82B model is built with one group of 3 linear + 1 full-attention layers and
 the real hidden, intermediate and vocabulary sizes; on a CPU, in bf16, so it runs here. What it cannot see:
 transient buffers of the backward (TRL's head accumulates its weight gradient in float32, [V, H]) and the CUDA
-attention kernel's own saves, which differ from the CPU's.
+attention kernel's own saves, which differ from the CPU's. With flash-linear-attention installed (CUDA only)
+transformers binds fla's rule and ours steps aside, so the linear-attention layer counts fla's saves.
 """
 
 import argparse
@@ -24,7 +26,8 @@ from trl.trainer.utils import add_fused_lm_head  # noqa: E402
 
 from bench.generation import config_model  # noqa: E402
 from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
-from trainer.chunked_gated_delta import chunked_gated_delta  # noqa: E402
+from trainer.chunked_gated_delta import FLA, chunked_gated_delta  # noqa: E402
+from trainer.fla_conv import fla_conv  # noqa: E402
 from trainer.micro_batch import SAFETY, bytes_per_token  # noqa: E402
 
 
@@ -45,9 +48,10 @@ class SavedBytes:
         return t
 
 
-def measure(model, rows: int, prompt: int, completion: int, ours: bool = True) -> dict:
+def measure(model, rows: int, prompt: int, completion: int, ours: bool = True, conv: bool = False) -> dict:
     """`ours`: the linear attention's chunked rule as the trainer's pass runs it (trainer/chunked_gated_delta.py);
-    False: transformers' torch fallback, what plain TRL runs."""
+    False: transformers' torch fallback, what plain TRL runs (fla's, either way, where fla is installed).
+    `conv`: fla's causal conv (trainer/fla_conv.py)."""
     text = model.config.get_text_config()
     counter = SavedBytes(model)
     backbone = getattr(model.model, "language_model", model.model)  # Qwen3.5 nests its text model
@@ -57,12 +61,12 @@ def measure(model, rows: int, prompt: int, completion: int, ours: bool = True) -
         layer.register_forward_pre_hook(lambda m, a, kind=kind: setattr(counter, "part", kind))
     backbone.norm.register_forward_hook(lambda m, a, o: setattr(counter, "part", "head"))
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    ids = torch.randint(0, text.vocab_size, (rows, prompt + completion))
+    ids = torch.randint(0, text.vocab_size, (rows, prompt + completion), device=model.device)
     labels = ids.clone()
     labels[:, :prompt] = -100
     model.train()
     rule = chunked_gated_delta(model) if ours else contextlib.nullcontext()
-    with rule, torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+    with rule, fla_conv(model, conv), torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
         out = model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels, fused_lm_head=True)
     del out
     tokens = rows * (prompt + completion)
@@ -76,6 +80,8 @@ def measure(model, rows: int, prompt: int, completion: int, ours: bool = True) -
         text, next(model.parameters()).element_size(), checkpointing=False
     )
     return {
+        "rule": "fla" if FLA else "ours" if ours else "transformers",
+        "fla_conv": conv,
         "layers": {k: types.count(k) for k in sorted(set(types))},
         "saved_bytes_per_token_per_layer": per_layer,
         "saved_bytes_per_token_head": counter.by_part.get("head", 0) / (rows * completion),
@@ -100,8 +106,12 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--transformers-rule", action="store_true", help="transformers' gated delta rule, not ours"
     )
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (fla's kernels run there only)")
+    ap.add_argument("--fla-conv", action="store_true", help="fla's causal conv (trainer/fla_conv.py; CUDA)")
+    ap.add_argument("--out", type=Path, default=None, help="writes activation_memory.json here")
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
+    device = torch.device(a.device)
     if a.config_dir:
         model = config_model(a.config_dir, 0, torch.device("cpu"))[0].to(torch.bfloat16)
     else:
@@ -112,8 +122,12 @@ def main(argv=None) -> dict:
             model = random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu")).to(torch.bfloat16)
         finally:
             torch.set_default_dtype(before)
-    result = measure(model, a.rows, a.prompt, a.completion, ours=not a.transformers_rule)
+    model = model.to(device)
+    result = measure(model, a.rows, a.prompt, a.completion, ours=not a.transformers_rule, conv=a.fla_conv)
     print(json.dumps(result, indent=1))
+    if a.out:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "activation_memory.json").write_text(json.dumps(result, indent=1))
     return result
 
 

@@ -498,6 +498,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         deterministic=a.deterministic,
         compile_gated_delta_terms=a.compile_gated_delta_terms,
         compile_norms_mlp=a.compile_norms_mlp,
+        fla_causal_conv=a.fla_conv,
         tf32=a.tf32 or None,  # TrainingArguments' switch: float32 products on TF32 cores, whole run
         report_to="none",
         disable_tqdm=True,
@@ -625,6 +626,7 @@ def run_arm(
             "adamw_state_on_gpu": getattr(args.resolved_micro_batch(), "adamw_state_on_gpu", False),
             "tf32": bool(args.tf32),
             "compile_norms_mlp": args.compile_norms_mlp and not name.startswith("plain"),  # ours only
+            "fla_conv": args.resolved_backends().fla_conv and not name.startswith("plain"),  # ours only
             "deterministic": bool(args.deterministic),
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
@@ -775,6 +777,12 @@ def parse(argv=None):
     )
     ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="ours: compile_norms_mlp (norms and MLPs compiled)"
+    )
+    ap.add_argument(
+        "--fla-conv",
+        type=true_false,
+        default=None,
+        help="ours: fla_causal_conv, fla's Triton causal conv in the training pass (default: on where fla is)",
     )
     ap.add_argument("--tf32", action="store_true", help="tf32: true (float32 products on TF32 tensor cores)")
     ap.add_argument(

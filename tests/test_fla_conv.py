@@ -72,3 +72,59 @@ def test_without_fla_the_block_leaves_the_model_alone(monkeypatch):
     model = random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu"))
     with module.fla_conv(model, on=True):
         assert getattr(modeling_qwen3_5, module.NAME) is reference
+
+
+@pytest.mark.slow
+def test_the_trainer_loss_passes_run_fla_conv_when_the_backends_say(tmp_path, monkeypatch, fake_fla):
+    """run.json's `fla_conv` (on by default where fla and CUDA are) puts fla's conv in every training forward of a
+    step, and the step's loss and gradient norm are transformers' conv's."""
+    import dataclasses
+
+    from tests.scripted import make_trainer, tiny_random_model
+
+    script = {"p1": "CWCW", "p2": "CWWC"}
+    logs = {}
+    for on in (False, True):
+        fake_fla.clear()
+        trainer = make_trainer(tiny_random_model(), tmp_path / str(on), monkeypatch, "S2", script)
+        # this CPU cannot resolve it on (fla's kernel needs CUDA): the backends as a GPU run with fla records them
+        trainer.args._backends = dataclasses.replace(trainer.args.resolved_backends(), fla_conv=on)
+        trainer.train()
+        logs[on] = next(h for h in trainer.state.log_history if "loss" in h)
+        assert bool(fake_fla) is on
+    assert logs[False]["grad_norm"] > 0
+    assert logs[True]["loss"] == pytest.approx(logs[False]["loss"], rel=1e-4, abs=1e-7)
+    assert logs[True]["grad_norm"] == pytest.approx(logs[False]["grad_norm"], rel=1e-4)
+
+
+def fla_on_cuda() -> bool:
+    import importlib.util
+
+    return torch.cuda.is_available() and importlib.util.find_spec("fla") is not None
+
+
+@pytest.mark.skipif(not fla_on_cuda(), reason="needs CUDA and flash-linear-attention")
+@pytest.mark.parametrize("length", [1, 3, 257, 1152])
+def test_fla_kernel_gives_transformers_conv_in_bf16_on_cuda(length):
+    """fla's Triton kernel itself through the adapter, against transformers' torch conv on the same bf16 inputs
+    and a strided [B, C, T] view as the layer passes it: the output and the input and weight gradients agree
+    to a few bf16 steps (fla accumulates in float32, transformers' conv1d in bf16)."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    g = torch.Generator(device="cuda").manual_seed(length)
+    channels, width = 1024, 4
+    mixed = torch.randn(2, length, channels, device="cuda", generator=g, dtype=torch.bfloat16)
+    weight = (torch.randn(channels, width, device="cuda", generator=g) / 2).to(torch.bfloat16)
+    out_grad = torch.randn(2, channels, length, device="cuda", generator=g, dtype=torch.bfloat16)
+    results = []
+    for fn in (getattr(modeling_qwen3_5, module.NAME), module.fla_causal_conv):
+        x, w = mixed.clone().requires_grad_(), weight.clone().requires_grad_()
+        out = fn(
+            x.transpose(1, 2), w, None, activation="silu"
+        )  # [B, C, T], a view: as the layer hands it over
+        out.backward(out_grad)
+        results.append((out.float(), x.grad.float(), w.grad.float()))
+    for want, got in zip(*results, strict=True):
+        assert got.shape == want.shape
+        scale = want.abs().max().clamp_min(1.0)
+        assert (got - want).abs().max() / scale <= 3 * 2**-8, (got - want).abs().max() / scale

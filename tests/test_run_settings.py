@@ -11,7 +11,7 @@ from rewards.grader import Grade
 from rewards.outcome import GRADER_VERSIONS, Outcome
 from tests.scripted import tiny_random_model
 from trainer import evaluation
-from trainer.config import CapGRPOConfig, grader_limits
+from trainer.config import CapGRPOConfig, ConfigError, grader_limits
 
 TASKS = [{"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(3)]
 
@@ -85,26 +85,31 @@ def test_grader_limits_default_to_the_configs(tmp_path):
 @pytest.mark.parametrize(
     ("fields", "cuda", "world", "want"),
     [
-        ({}, False, 1, (False, False, "eager", False)),  # CPU
-        ({}, True, 1, (True, True, "compiled", True)),  # one GPU
-        ({}, True, 2, (False, False, "eager", True)),  # several GPUs: FSDP2 shards plain AdamW
+        ({}, False, 1, (False, False, "eager", False, False)),  # CPU
+        ({}, True, 1, (True, True, "compiled", True, False)),  # one GPU
+        ({}, True, 2, (False, False, "eager", True, False)),  # several GPUs: FSDP2 shards plain AdamW
         (
             {"use_cpu": True},
             True,
             1,
-            (False, False, "eager", False),
+            (False, False, "eager", False, False),
         ),  # a CPU recipe on a GPU machine: as on a CPU
-        ({"compiled_generation": True, "cpu_adamw": False}, False, 1, (True, False, "compiled", False)),
-        ({"chunked_gated_delta": True}, False, 1, (False, False, "eager", True)),
-        ({"chunked_gated_delta": False}, True, 1, (True, True, "compiled", False)),
+        (
+            {"compiled_generation": True, "cpu_adamw": False},
+            False,
+            1,
+            (True, False, "compiled", False, False),
+        ),
+        ({"chunked_gated_delta": True}, False, 1, (False, False, "eager", True, False)),
+        ({"chunked_gated_delta": False}, True, 1, (True, True, "compiled", False, False)),
     ],
 )
 def test_backends_are_decided_once_in_the_config(tmp_path, fields, cuda, world, want):
     args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", **fields)
     args._decide_backends(world=world, cuda=cuda)  # what __post_init__ decides on such a machine
     b = args.resolved_backends()
-    assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation, b.chunked_gated_delta) == want
-    names = ("compiled_rollouts", "cpu_adamw", "eval_generation", "chunked_gated_delta")
+    assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation, b.chunked_gated_delta, b.fla_conv) == want
+    names = ("compiled_rollouts", "cpu_adamw", "eval_generation", "chunked_gated_delta", "fla_conv")
     assert b.to_json() == dict(zip(names, want))
 
 
@@ -124,3 +129,41 @@ def test_with_fla_installed_a_gpu_run_records_that_ours_is_not_in_the_training_p
         )
         args._decide_backends(world=1, cuda=True)
         assert args.resolved_backends().chunked_gated_delta is False
+
+
+@pytest.mark.parametrize(
+    ("asked", "use_cpu", "want"),
+    [(None, False, True), (None, True, False), (False, False, False), (True, False, True)],
+)
+def test_with_fla_installed_gpu_runs_take_its_causal_conv_unless_told_not_to(
+    tmp_path, monkeypatch, asked, use_cpu, want
+):
+    from trainer import config
+
+    monkeypatch.setattr(config, "FLA", True)
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", use_cpu=use_cpu
+    )
+    args.fla_causal_conv = asked  # as a recipe would ask on a GPU machine (this one may have none)
+    args._decide_backends(world=1, cuda=True)
+    assert args.resolved_backends().fla_conv is want
+    assert args.resolved_backends().to_json()["fla_conv"] is want
+
+
+@pytest.mark.parametrize(
+    ("fla", "cuda", "use_cpu", "why"),
+    [(False, True, False, "needs flash-linear-attention"), (True, False, False, "needs CUDA"),
+     (True, True, True, "needs CUDA")],
+)  # fmt: skip
+def test_fla_causal_conv_where_it_cannot_run_is_refused_in_one_line(
+    tmp_path, monkeypatch, fla, cuda, use_cpu, why
+):
+    from trainer import config
+
+    monkeypatch.setattr(config, "FLA", fla)
+    args = CapGRPOConfig(
+        output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", use_cpu=use_cpu
+    )
+    args.fla_causal_conv = True  # as a recipe on such a machine would ask
+    with pytest.raises(ConfigError, match=f"^fla_causal_conv: true {why}"):
+        args._decide_backends(world=1, cuda=cuda)

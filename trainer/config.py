@@ -34,6 +34,7 @@ class Backends:
     chunked_gated_delta: (
         bool  # the training pass runs our chunked gated delta rule (trainer/chunked_gated_delta.py)
     )
+    fla_conv: bool = False  # the training pass's causal conv is fla's Triton kernel (trainer/fla_conv.py)
 
     def to_json(self) -> dict:
         """run.json `launch.backends`."""
@@ -123,6 +124,13 @@ class CapGRPOConfig(GRPOConfig):
         metadata={
             "help": "Qwen3.5's linear attention in the training pass: our chunked rule instead of transformers' "
             "torch fallback (default: on CUDA; fla's kernels, when installed, come first either way)."
+        },
+    )
+    fla_causal_conv: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Qwen3.5's causal conv in the training pass through flash-linear-attention's Triton kernel "
+            "instead of transformers' torch fallback (default: on CUDA when fla is installed; trainer/fla_conv.py)."
         },
     )
     # --- checkpoints and resume (SPEC §6) ---------------------------------------------------------
@@ -366,7 +374,7 @@ class CapGRPOConfig(GRPOConfig):
         """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
         process without vLLM (asked for on a CPU, the fixed shapes and static cache run
         eagerly: transformers compiles generation on accelerators only), CPUAdamW for single-process GPU runs,
-        our chunked gated delta rule in GPU training passes, and in-training evaluation on the colocated vLLM
+        our chunked gated delta rule in GPU training passes (fla's rule and conv where fla is installed), and in-training evaluation on the colocated vLLM
         engine with one process (under FSDP pushing weights is a collective, and only the main process
         evaluates)."""
         compiled = self.compiled_generation
@@ -382,7 +390,18 @@ class CapGRPOConfig(GRPOConfig):
             chunked = cuda and not self.use_cpu
         # with fla installed transformers binds fla's kernels and ours steps aside, asked for or not
         chunked = chunked and not FLA
-        self._backends = Backends(compiled, cpu_adamw, evaluation, chunked)
+        if self.fla_causal_conv and not FLA:
+            raise ConfigError(
+                "fla_causal_conv: true needs flash-linear-attention installed (pip install '.[fla]')"
+            )
+        if self.fla_causal_conv and not (cuda and not self.use_cpu):
+            raise ConfigError(
+                "fla_causal_conv: true needs CUDA (fla's kernel is Triton's); leave it unset here"
+            )
+        fla_conv = self.fla_causal_conv
+        if fla_conv is None:
+            fla_conv = FLA and cuda and not self.use_cpu
+        self._backends = Backends(compiled, cpu_adamw, evaluation, chunked, fla_conv)
 
     def resolved_backends(self) -> Backends:
         """Generation, optimizer and evaluation backends, as __post_init__ decided them."""

@@ -5,7 +5,8 @@ Why: with fla installed transformers binds fla's gated delta rule by itself, but
 grouped F.conv1d on [B, C, T], fed by a contiguous copy of the projection's transpose. That is ~6 % of the 1.82B
 training pass's device time, the copies aside (docs/PERFORMANCE.md, third lease of 2026-12-04). fla's
 `causal_conv1d` (forward and backward in Triton) reads the projection's [B, T, C] layout as it is: the transposes
-below are views. Measured by `bench/training_pass.py --fla-conv` only; not in the trainer until that backs it.
+below are views. The trainer's training forward runs it where fla is installed (`fla_causal_conv`, run.json
+`launch.backends.fla_conv`); `bench/training_pass.py --fla-conv` measures it.
 """
 
 from __future__ import annotations

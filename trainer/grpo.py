@@ -39,6 +39,7 @@ from trainer.chunked_gated_delta import chunked_gated_delta
 from trainer.compiled_parts import compiled_parts
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
+from trainer.fla_conv import fla_conv
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
 from trainer.step_record import StepRecord
 
@@ -341,14 +342,19 @@ class CapGRPOTrainer(GRPOTrainer):
     # --- metrics of the policy on its own samples ---------------------------------------------------
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         # Keep the loss pass's log-probs so the step can report their median over active tokens; on GPUs the
-        # forward runs our chunked gated delta rule (its backward moves ~half the bytes of transformers'), and
-        # with compile_norms_mlp fused norms and MLPs.
+        # forward runs our chunked gated delta rule (its backward moves ~half the bytes of transformers') or,
+        # with fla installed, fla's rule and causal conv; with compile_norms_mlp fused norms and MLPs.
+        backends = self.args.resolved_backends()
         rule = (
             chunked_gated_delta(self.model, self.args.compile_gated_delta_terms)
-            if self.args.resolved_backends().chunked_gated_delta
+            if backends.chunked_gated_delta
             else nullcontext()
         )
-        with rule, compiled_parts(self.model, self.args.compile_norms_mlp):
+        with (
+            rule,
+            fla_conv(self.model, backends.fla_conv),
+            compiled_parts(self.model, self.args.compile_norms_mlp),
+        ):
             logps, entropies, aux = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         self._last_logps = logps
         return logps, entropies, aux

@@ -1,5 +1,7 @@
 """Training micro-batches the trainer sizes itself (trainer/micro_batch.py), on CPU with fake memory budgets."""
 
+import json
+
 import pytest
 import torch
 
@@ -226,3 +228,27 @@ def test_adamw_state_takes_rows_from_a_micro_batch_that_still_saturates(tiny, tm
     short = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False)
     budget = 32 * row_bytes(text, PROMPT + CAP, CAP, False) + state / 2
     assert micro_batch.size_micro_batch(short, model, PROMPT, budget_bytes=budget).adamw_state_on_gpu is False
+
+
+@pytest.mark.parametrize("measured", ["act.json", "act_conv.json"])
+def test_with_fla_the_linear_attention_term_covers_what_the_h200_measured(monkeypatch, measured):
+    """fla's rule (and its conv) keep far less than ours' float32 intermediates: the estimate with fla installed
+    must still cover the bytes per token a 1.82B-shaped linear-attention layer saved on the H200
+    (bench/activation_memory.py --device cuda [--fla-conv], committed beside the lease that ran it), without
+    falling back to ours' count."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    path = Path(__file__).resolve().parent.parent / "docs" / "performance" / "h200-2026-12-04e" / measured
+    found = json.loads(path.read_text())
+    assert found["rule"] == "fla"
+    text = SimpleNamespace(  # bench/grpo_step.py random_qwen35's text config at --hidden 2048 --intermediate 6144
+        hidden_size=2048, intermediate_size=6144, linear_num_value_heads=32, linear_key_head_dim=128,
+        linear_value_head_dim=128,
+    )  # fmt: skip
+    saved = found["saved_bytes_per_token_per_layer"]["linear_attention"]
+    monkeypatch.setattr(micro_batch, "FLA", True)
+    with_fla = micro_batch.layer_bytes(text, "linear_attention", 2)
+    monkeypatch.setattr(micro_batch, "FLA", False)
+    ours = micro_batch.layer_bytes(text, "linear_attention", 2)
+    assert saved <= with_fla < ours / 1.5

@@ -104,7 +104,8 @@ def test_grader_limits_default_to_the_configs(tmp_path):
         ({"chunked_gated_delta": False}, True, 1, (True, True, "compiled", False, False)),
     ],
 )
-def test_backends_are_decided_once_in_the_config(tmp_path, fields, cuda, world, want):
+def test_backends_are_decided_once_in_the_config(tmp_path, monkeypatch, fields, cuda, world, want):
+    monkeypatch.setattr(capgrpo_config, "FLA", False)  # a machine without fla (with it: the tests below)
     args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", **fields)
     args._decide_backends(world=world, cuda=cuda)  # what __post_init__ decides on such a machine
     b = args.resolved_backends()

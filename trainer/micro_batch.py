@@ -24,6 +24,7 @@ import torch
 from transformers.utils import logging
 
 from data.prompt import render_prompt
+from trainer.chunked_gated_delta import FLA
 from trainer.generation import PROMPT_MULTIPLE
 
 logger = logging.get_logger(__name__)
@@ -36,6 +37,11 @@ SAFETY = 1.2  # on the per-token estimate
 # the 1.82B benchmark's 32 x 128 (bench/activation_memory.py [--transformers-rule], transformers 5.24); the
 # layer's projections and MLP are the dense term.
 GATED_DELTA_FP32 = 23
+# The same with flash-linear-attention installed (transformers binds its rule; the trainer its conv): fla keeps
+# bf16 inputs and a few chunk-level terms, 7.6 float32 values' worth with transformers' conv and 6.6 with fla's,
+# on the H200 at the 1.82B shape (docs/performance/h200-2026-12-04e/act*.json, bench/activation_memory.py
+# --device cuda [--fla-conv]); 8 covers both.
+GATED_DELTA_FLA = 8
 # TRL's fused LM head (trl/kernels/chunked_logprob.py): [4096 tokens, 32768 vocabulary] tiles in the model's
 # dtype, and the float32 weight gradient it accumulates in the backward, once per micro-batch
 HEAD_TILE = 4096 * 32768
@@ -57,7 +63,8 @@ class MicroBatch:
 def layer_bytes(text_config, kind: str, dtype_bytes: int) -> int:
     """Bytes one decoder layer keeps per token for its backward: ~16 hidden-size and 3 intermediate-size values
     (norms, projections, residuals, the MLP's gate, up and product), plus a linear-attention layer's float32
-    intermediates of the chunked delta rule (GATED_DELTA_FP32 per value head and head dim)."""
+    intermediates of the chunked delta rule (GATED_DELTA_FP32 per value head and head dim; GATED_DELTA_FLA where
+    fla's rule runs instead)."""
     hidden = text_config.hidden_size
     intermediate = getattr(text_config, "intermediate_size", None) or 4 * hidden
     dense = (16 * hidden + 3 * intermediate) * dtype_bytes
@@ -65,7 +72,7 @@ def layer_bytes(text_config, kind: str, dtype_bytes: int) -> int:
         return dense
     heads = text_config.linear_num_value_heads
     dim = max(text_config.linear_key_head_dim, text_config.linear_value_head_dim)
-    return dense + GATED_DELTA_FP32 * heads * dim * 4
+    return dense + (GATED_DELTA_FLA if FLA else GATED_DELTA_FP32) * heads * dim * 4
 
 
 def bytes_per_token(text_config, dtype_bytes: int, checkpointing: bool) -> tuple[float, float]:

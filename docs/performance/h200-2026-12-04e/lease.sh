@@ -60,5 +60,14 @@ cap8192)  # the users' cap with fla's rule and conv, norms compiled, two steps (
   timeout $(left) python3 bench/grpo_step.py --cap 8192 --groups 4 --steps 2 --p-ended 0 --no-plain \
     --compile-norms-mlp --out $OUT/c8192 > $OUT/c8192.log 2>&1
   flat ;;
+pass2)  # the second lease: fla's conv in the pass alone, one process given the time for fla's first-call
+  # autotuning (the first lease's pass ran out of its 120 s there); everything packed in one file
+  python3 tools/carry.py receive .carry/fla/call02 && python3 tools/carry.py join fla --out /tmp/fla > $OUT/join.log 2>&1 || exit 1
+  python3 -m pip install -q --no-index --no-deps /tmp/fla/*.whl --target $FLA_SITE > $OUT/fla-install.log 2>&1 || exit 1
+  export PYTHONPATH=$FLA_SITE:$PWD
+  mkdir -p /tmp/o
+  timeout $(left) python3 bench/training_pass.py --rule fla --compile-norms-mlp --repeats 2 --fla-conv --profile \
+    --out /tmp/o/pass_conv > /tmp/o/pass_conv.log 2>&1
+  tar -C /tmp -cJf $OUT/pass2.tar.xz o ;;
 esac
 echo "part $part done at ${SECONDS}s"

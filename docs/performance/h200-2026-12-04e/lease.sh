@@ -9,6 +9,17 @@
 #   bash docs/performance/h200-2026-12-04e/lease.sh cap8192     # carry [".whl"]
 # Each part writes under $OUT and stops itself before the call's 600 s limit; JSON files go to $OUT's top level
 # (a call brings back a limited number of files).
+# What ran (code at 4360900; call 8 at 74896cd), 8 calls, 1,541 of 1,800 s of device time:
+#   1 receive 1; 2 pass (575 s: its first process met fla's first-call autotuning and ran out of its 120 s, and so
+#   did pass_conv_mb32; only 8 files came back: a call returns 8, pass_noconv and q35_conv* were left out);
+#   3 `ls` (is /tmp/flasite still there: yes; $OUT is emptied per call); 4 suite (306 s: 862 passed, 0 failed
+#   without fla; with fla 18 passed, 7 failed, see docs/PERFORMANCE.md); 5 by hand, packed in one file:
+#     python3 bench/training_pass.py --rule fla --compile-norms-mlp --repeats 2 --out /tmp/o/pass_noconv
+#     python3 bench/grpo_step.py --steps 2 --p-ended 0 --no-plain --compile-norms-mlp --out /tmp/o/q35_conv
+#   (the first timed out writing its JSON after printing its figures: read from its log);
+#   6 cap 8192 on a fresh machine (the warm one had been released): no wheels there, nothing ran;
+#   7 receive 1; 8 pass2 with left() set to 420 s (the lease's remaining budget) by sed at the call's start.
+# Logs of calls 2, 4, 5 and 8 are in rows.tar.xz beside this script (callN/; python -m rundir.archive unpack).
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export CAPGRPO_COMMIT=${CAPGRPO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

@@ -374,9 +374,9 @@ class CapGRPOConfig(GRPOConfig):
         """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
         process without vLLM (asked for on a CPU, the fixed shapes and static cache run
         eagerly: transformers compiles generation on accelerators only), CPUAdamW for single-process GPU runs,
-        our chunked gated delta rule in GPU training passes (fla's rule and conv where fla is installed), and in-training evaluation on the colocated vLLM
-        engine with one process (under FSDP pushing weights is a collective, and only the main process
-        evaluates)."""
+        our chunked gated delta rule in GPU training passes (fla's rule and conv where fla is installed), and
+        in-training evaluation on the colocated vLLM engine with one process (under FSDP pushing weights is a
+        collective, and only the main process evaluates)."""
         compiled = self.compiled_generation
         if compiled is None:  # use_cpu: the model stays on the CPU even where CUDA is present
             compiled = cuda and not self.use_cpu and world == 1 and not self.use_vllm

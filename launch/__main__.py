@@ -4,6 +4,12 @@
     train   start or resume every arm x seed, in parallel on each GPU (--gpus), until done or --budget-s; pack
     report  print the report computed from the plan and the committed rows under the plan's `results`
     unpack  --archive A --into DIR: a train stage's archive into a new docs folder
+    watch   --for-s S: follow a detached train (`train --detach`) for S seconds or until it ends
+    pack    what the repository keeps of the work folder, into --out (after a detached train)
+
+`train --detach` starts the train stage in a session of its own and returns at once: on the GPU machine it runs on
+after the device call that started it, until the machine is given back, so runs are never stopped at a call's end
+(issue 60); later calls `watch`, then `pack`. Its output goes to <work>/launcher.log, its pid to <work>/launcher.pid.
 
 --smoke runs base and train at CPU sizes with the shipped tiny embedded base (tests). Exit 1 with one line on
 any refusal. docs/launch.md: the plan's fields and the GPU command lines.
@@ -20,7 +26,7 @@ from launch.plan import ROOT, load
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m launch", description=__doc__.splitlines()[0])
     ap.add_argument("plan", type=Path)
-    ap.add_argument("stage", choices=("base", "train", "report", "unpack"))
+    ap.add_argument("stage", choices=("base", "train", "report", "unpack", "watch", "pack"))
     ap.add_argument("--work", type=Path, default=None, help="default artifacts/<plan name>")
     ap.add_argument("--out", type=Path, default=None, help="what comes back (default $OUT, else <work>/out)")
     ap.add_argument(
@@ -36,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--seeds", default=None, help="train: only these of the plan's seeds, e.g. 3,4,5 (a launch's share)"
     )
+    ap.add_argument("--detach", action="store_true", help="train: in a session of its own, returning at once")
+    ap.add_argument("--for-s", type=float, default=540.0, help="watch: seconds to follow at most")
     ap.add_argument("--smoke", action="store_true", help="CPU sizes, the tiny embedded base")
     ap.add_argument(
         "--results", type=Path, default=None, help="report: rows from here, not the plan's results"
@@ -76,6 +84,22 @@ def main(argv: list[str] | None = None) -> int:
                     (out / name).write_bytes((work / name).read_bytes())
             pack(plan, work, out)
             return 0
+        if args.stage == "watch":
+            from launch.runs import watch
+
+            return watch(work, args.for_s)
+        if args.stage == "pack":
+            from launch.runs import pack
+
+            pack(plan, work, out)
+            return 0
+        if args.detach:
+            from launch.runs import detach
+
+            rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--detach"]
+            return detach(
+                work, [sys.executable, "-m", "launch", *rest, "--work", str(work), "--out", str(work / "out")]
+            )
         from launch.runs import train
 
         seeds = None if args.seeds is None else [int(x) for x in args.seeds.split(",")]

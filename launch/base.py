@@ -72,6 +72,13 @@ def choose(cells: list[dict], rule: Rule) -> dict:
             "fallback": fallback, "at_choice": k}  # fmt: skip
 
 
+def finished_accuracy(k: dict) -> str:
+    """Correct among the answers that ended within the cap (not truncated, grader not failed): what S2 can
+    convert when it makes the model finish (issue 62), from at_cap's shares."""
+    finished = k["correct"] + k["wrong"] + k["format_rejected"]
+    return f"{k['correct'] / finished:.1%}" if finished else "–"
+
+
 def report_md(plan: Plan, cells: list[dict], choice: dict, meta: dict) -> str:
     lines = [
         f"# Base report: {plan.name}, before any training",
@@ -81,8 +88,9 @@ def report_md(plan: Plan, cells: list[dict], choice: dict, meta: dict) -> str:
         f"seed 1234); a smaller cap's row counts every completion longer than it as truncated. "
         f"{meta['device']}, {meta['seconds']:.0f} s.",
         "",
-        "| tasks | model | prompt | T | cap | pass@1 | correct | format-rejected | truncated | wrong | gate v1 | mixed |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tasks | model | prompt | T | cap | pass@1 | correct | format-rejected | truncated | wrong | gate v1 | mixed | "
+        "correct among finished |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     candidates = plan.base_report.rule.candidates if plan.base_report.rule else {}
     for c in cells:
@@ -95,7 +103,7 @@ def report_md(plan: Plan, cells: list[dict], choice: dict, meta: dict) -> str:
                 f"| {cell_tasks(c)} | {c.get('model', plan.name)} | {c['prompt']} | {c['temperature']} | "
                 f"{k['cap']}{' **chosen**' if chosen else ''} | {p1} | {k['correct']:.1%} | "
                 f"{k['format_rejected']:.1%} | {k['truncated']:.1%} | {k['wrong']:.1%} | {k['gate_v1']:.0%} | "
-                f"{k['mixed']:.0%} |"
+                f"{k['mixed']:.0%} | {finished_accuracy(k)} |"
             )
     shown = {k: v for k, v in choice.items() if k != "at_choice"}
     return "\n".join([*lines, "", f"Chosen by the plan's rule: `{json.dumps(shown)}`."]) + "\n"

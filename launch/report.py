@@ -17,6 +17,7 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   seed_table        the sampled training rollouts' shares at one step per seed
   timing            one run's seconds per phase at every step
   trajectory        one seed per arm at every evaluated step
+  lease             lease seconds per run-step and run-steps per GPU-hour of `launches` (launch/lease.py)
 """
 
 import math
@@ -24,6 +25,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+from launch.lease import table as lease_table
 from launch.plan import ROOT, SECTION_KINDS, Plan
 from rundir import archive
 from rundir.files import Run, read_jsonl, steps_path
@@ -441,6 +443,7 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
         "seed_table": lambda: seed_table(lx, **spec),
         "timing": lambda: timing(lx, spec["run"], fixed),
         "trajectory": lambda: trajectory(lx, fixed, **spec),
+        "lease": lambda: lease_table({name: where / name for name in spec["launches"]}),
     }
     assert sections.keys() == set(SECTION_KINDS), "launch/plan.py SECTION_KINDS names every section here"
     body = sections[kind]()

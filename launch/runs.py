@@ -82,6 +82,80 @@ def prepare(plan: Plan, work: Path, smoke: bool, gguf: Path | None) -> list[str]
             "--max_completion_length", str(choice["cap"])]  # fmt: skip
 
 
+def eval_args(plan: Plan, steps: int) -> list[str]:
+    """The trainer's evaluation cadence: the plan's `eval.steps` alone (the steps its report reads), else every
+    `eval.every` steps."""
+    if listed := plan.eval.get("steps"):
+        return ["--eval_every", "1", "--eval_at_steps", *(str(s) for s in listed if s <= steps)]
+    return ["--eval_every", str(plan.eval["every"])]
+
+
+def shared_step0(work: Path) -> Path | None:
+    """A run of this launch that evaluated the base itself (not a copy): its step-0 rows, else None."""
+    for rows in sorted((work / "runs").glob("*/results/eval_step000.jsonl")):
+        config = json.loads((rows.parent.parent / "run.json").read_text()).get("config", {})
+        if not config.get("step0_eval_from"):
+            return rows
+    return None
+
+
+class Timeline:
+    """runs/timeline.jsonl: what the launcher saw, with wall-clock times: each run's start and exit, each new
+    step row (and how many runs were going then), and the GPU's utilisation; the report's lease accounting
+    (launch/lease.py) reads it."""
+
+    def __init__(self, path: Path, gpu: bool, every_s: float = 15.0):
+        self.path, self.gpu, self.every_s = path, gpu, every_s
+        self.rows: dict[str, int] = {}
+        self.last_gpu = 0.0
+
+    def event(self, kind: str, **fields) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps({"t": round(time.time(), 1), "event": kind, **fields}) + "\n")
+
+    def poll(self, running: list[tuple[Path, subprocess.Popen]]) -> None:
+        for run, _ in running:
+            path = run / "results/steps.jsonl"
+            n = sum(1 for _ in path.open()) if path.is_file() else 0
+            if n > self.rows.get(run.name, 0):
+                self.rows[run.name] = n
+                self.event("step", run=run.name, rows=n, live=len(running))
+        if self.gpu and time.time() - self.last_gpu >= self.every_s:
+            self.last_gpu = time.time()
+            try:
+                smi = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
+                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)  # fmt: skip
+                util = [
+                    [float(x) for x in line.split(",")] for line in smi.stdout.splitlines() if "," in line
+                ]
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                return
+            self.event("gpu", util=[u for u, _ in util], memory_mib=[m for _, m in util], live=len(running))
+
+
+def start_mps(work: Path) -> dict:
+    """NVIDIA's MPS daemon for this launch's runs (kernels of several processes on the GPU at once instead of
+    time slices; issue 60 measured it): its pipe and log folders under the work folder; the runs' environment."""
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(work / "mps/pipe"), "CUDA_MPS_LOG_DIRECTORY": str(work / "mps/log")}
+    for d in env.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(
+        ["nvidia-cuda-mps-control", "-d"], env={**os.environ, **env}, capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        raise SystemExit(
+            f"error: nvidia-cuda-mps-control -d: exit {r.returncode}: {(r.stderr or r.stdout).strip()}"
+        )
+    print(f"MPS daemon started (pipe {env['CUDA_MPS_PIPE_DIRECTORY']})", flush=True)
+    return env
+
+
+def stop_mps(env: dict) -> None:
+    subprocess.run(
+        ["nvidia-cuda-mps-control"], input="quit\n", env=env, capture_output=True, text=True, timeout=30
+    )
+
+
 def drop_weights(run: Path) -> None:
     """A finished run's stepNNN/ and stateNNN/ on the GPU machine (the plan's budget.drop_finished_weights):
     they never come back, and sixteen 0.5B runs' 7.6 GB each would fill its disk before the last one saved."""
@@ -157,11 +231,12 @@ def gpu_memory_mib(pid: int, gpu: str | None = None) -> tuple[float, float] | No
 
 
 def fitting(parallel: int, leader_pid: int, share: float = 0.9, growth: float = 1.0, gpu: str | None = None,
-            say=print) -> int:  # fmt: skip
+            say=print, row_memory: tuple[float, float] | None = None) -> int:  # fmt: skip
     """At most `parallel` runs, as many as `share` of the leader's GPU (`gpu`, as gpu_memory_mib names it) holds
     at the leader's measured memory times `growth` (the plan's budget.memory_growth: what a run holds later over
-    what it held at its first step)."""
-    memory = gpu_memory_mib(leader_pid, gpu)
+    what it held at its first step). The leader's memory is its first step row's where given (under MPS nvidia-smi
+    lists the MPS server, not its clients), else nvidia-smi's."""
+    memory = row_memory or gpu_memory_mib(leader_pid, gpu)
     if memory is None:
         return parallel
     used, total = memory
@@ -184,6 +259,7 @@ class Gpu:
     procs: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
     running: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
     alone: bool = False  # its first run (procs[0]) runs alone until its first step row
+    timeline: "Timeline | None" = None
 
     def note(self, text: str) -> None:
         line = f"gpu{self.index} +{time.perf_counter() - self.t0:.0f} s: {text}"
@@ -195,6 +271,8 @@ class Gpu:
         """How many of its runs still run; each that ended since the last call is noted with its exit status."""
         for run, p in [(run, p) for run, p in self.running if p.poll() is not None]:
             self.note(f"{run.name} exited {p.returncode}")
+            if self.timeline is not None:
+                self.timeline.event("exit", run=run.name, code=p.returncode)
             self.running.remove((run, p))
         return len(self.running)
 
@@ -218,8 +296,27 @@ class Gpu:
         if leader.poll() not in (None, 0):
             print("\n".join((run.parent / f"{run.name}.log").read_text().splitlines()[-25:]), file=sys.stderr)
             return False
-        self.parallel = fitting(self.parallel, leader.pid, share, growth, self.device, self.note)
+        self.parallel = fitting(
+            self.parallel, leader.pid, share, growth, self.device, self.note, row_memory(run)
+        )
         return True
+
+
+CONTEXT_MIB = (
+    850  # a CUDA context and what torch reserves outside its pool: launch 1's leader, 14.44 GiB used
+)
+# on the device at its first row against 13.6 GiB reserved by torch
+
+
+def row_memory(run: Path) -> tuple[float, float] | None:
+    """(MiB a run holds, MiB of its GPU) from its first step row: torch's peak reserved plus a context."""
+    from rundir.files import read_jsonl, steps_path
+
+    rows = read_jsonl(steps_path(run), torn_tail="drop") if steps_path(run).is_file() else []
+    memory = (rows[0].get("gpu_memory") or {}) if rows else {}
+    if "peak_reserved_gib" not in memory or "total_gib" not in memory:
+        return None
+    return memory["peak_reserved_gib"] * 1024 + CONTEXT_MIB, memory["total_gib"] * 1024
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
@@ -251,10 +348,18 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     parallel = parallel or b.get("parallel", 2)
     grace_s, leader_s = b.get("grace_s", 75), b.get("leader_s", 240)
     steps = max_steps(plan, smoke)
-    common = [*prepare(plan, work, smoke, gguf), "--max_steps", str(plan.steps), "--eval_every",
-              str(plan.eval["every"]), *plan.run_args.get("smoke" if smoke else "gpu", [])]  # fmt: skip
+    common = [*prepare(plan, work, smoke, gguf), "--max_steps", str(plan.steps), *eval_args(plan, steps),
+              *plan.run_args.get("smoke" if smoke else "gpu", [])]  # fmt: skip
+    # one compile cache for every run of the launch: the leader compiles, the others read (issue 60)
+    caches = {
+        "TORCHINDUCTOR_CACHE_DIR": str(work / "cache/inductor"),
+        "TRITON_CACHE_DIR": str(work / "cache/triton"),
+    }
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}  # fmt: skip
+           "OMP_NUM_THREADS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **caches}  # fmt: skip
+    mps = bool(b.get("mps")) and not smoke
+    if mps:
+        env.update(start_mps(work))
     (work / "runs").mkdir(parents=True, exist_ok=True)
     # a seed's pair together: seed-major order
     order = [(name, arm, seed) for i in range(len(plan.runs(plan.arms[0]))) for arm in plan.arms
@@ -265,12 +370,18 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     slots = [Gpu(i, dev, share, parallel, work / "runs" / f"gpu{i}.log", t0)
              for i, (dev, share) in enumerate(zip(devices, shares))]  # fmt: skip
     deadline = t0 + budget_s - grace_s
+    timeline = Timeline(work / "runs" / "timeline.jsonl", gpu=not smoke)
+    timeline.event("launcher", budget_s=budget_s, parallel=parallel, mps=mps, gpus=len(devices))
+    for gpu in slots:
+        gpu.timeline = timeline
 
     def start(gpu: Gpu) -> None:
         run, arm, seed = gpu.queue.pop(0)
         cmd = [sys.executable, "-m", "trainer.train", "--config", str(ROOT / plan.recipe), "--arm", arm]
         cmd += ["--seed", str(seed)] if seed is not None else []
         cmd += ["--resume", str(run)] if (run / "run.json").is_file() else ["--output_dir", str(run)]
+        if b.get("share_step0") and not (run / "run.json").is_file() and (rows := shared_step0(work)):
+            cmd += ["--step0_eval_from", str(rows)]  # the base's evaluation, done once per launch
         # nvidia-smi's numbering (PCI order), which `fitting` reads the GPU's memory by
         where = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpu.device} if gpu.device else {}
         log = work / "runs" / f"{run.name}.log"
@@ -281,6 +392,7 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         gpu.procs.append((run, p))
         gpu.running.append((run, p))
         gpu.note(f"started {run.name}" + (f" (CUDA_VISIBLE_DEVICES={gpu.device})" if gpu.device else ""))
+        timeline.event("start", run=run.name, gpu=gpu.index)
 
     for gpu in slots:
         names = ", ".join(r.name for r, _, _ in gpu.queue)
@@ -295,6 +407,7 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     dropped: set[Path] = set()
     leader_failed = False
     while time.perf_counter() < deadline:
+        timeline.poll([x for gpu in slots for x in gpu.running])
         if b.get("drop_finished_weights") and not smoke:
             for run, p in [x for gpu in slots for x in gpu.procs]:
                 if run not in dropped and p.poll() == 0 and finished(run, steps):
@@ -314,6 +427,9 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         time.sleep(1 if smoke else 5)
     procs = [x for gpu in slots for x in gpu.procs]
     stop([p for _, p in procs], grace_s)
+    timeline.poll([x for gpu in slots for x in gpu.running])
+    if mps:
+        stop_mps(env)
     failed = int(leader_failed)
     for gpu in slots:
         gpu.live()
@@ -328,6 +444,64 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     )
     pack(plan, work, out)
     return 1 if failed else 0
+
+
+def detach(work: Path, cmd: list[str]) -> int:
+    """`cmd` (the train stage) in a new session, its output in <work>/launcher.log: it outlives the caller (a GPU
+    machine's call ends every process of its own session). A launcher still running there is refused."""
+    work.mkdir(parents=True, exist_ok=True)
+    if (pid := launcher_pid(work)) is not None:
+        print(
+            f"error: {work / 'launcher.pid'}: launcher {pid} still runs; `watch` it, or stop it first",
+            file=sys.stderr,
+        )
+        return 1
+    with (work / "launcher.log").open("a") as log:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    (work / "launcher.pid").write_text(f"{p.pid}\n")
+    print(f"launcher {p.pid} detached; its log {work / 'launcher.log'}", flush=True)
+    return 0
+
+
+def launcher_pid(work: Path) -> int | None:
+    """The detached launcher's pid while it runs, else None."""
+    try:
+        pid = int((work / "launcher.pid").read_text())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    try:  # a zombie (our own child, exited) counts as ended
+        return None if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z" else pid
+    except OSError:
+        return pid
+
+
+def progress(work: Path) -> str:
+    """Each run's last step row, in one line."""
+    steps = []
+    for run in sorted(p for p in (work / "runs").glob("*") if p.is_dir()):
+        path = run / "results/steps.jsonl"
+        n = sum(1 for _ in path.open()) if path.is_file() else 0
+        steps.append(f"{run.name} {n}")
+    return ", ".join(steps) or "no runs yet"
+
+
+def watch(work: Path, for_s: float, every_s: float = 60.0) -> int:
+    """Follow a detached launcher: its progress every `every_s`, until it ends or `for_s` has passed."""
+    end = time.perf_counter() + for_s
+    while True:
+        alive = launcher_pid(work) is not None
+        print(
+            f"{time.strftime('%H:%M:%S')} launcher {'runs' if alive else 'ended'}: {progress(work)}",
+            flush=True,
+        )
+        if not alive or time.perf_counter() >= end:
+            break
+        time.sleep(min(every_s, max(end - time.perf_counter(), 0.1)))
+    if not alive and (log := work / "launcher.log").is_file():
+        print("\n".join(log.read_text().splitlines()[-6:]), flush=True)
+    return 0
 
 
 def pack(plan: Plan, work: Path, out: Path) -> Path:

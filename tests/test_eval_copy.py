@@ -9,7 +9,7 @@ import torch
 from transformers import CompileConfig
 
 from tests.scripted import tiny_random_model
-from trainer.evaluation import checkpoint_weights
+from trainer.evaluation import checkpoint_weights, refreshed_weights
 
 CONFIG = CompileConfig(dynamic=False, mode="reduce-overhead")  # trainer/generation.py compiled_config's
 
@@ -37,3 +37,17 @@ def test_the_evaluation_copy_compiles_its_own_call_and_leaves_the_original_alone
         p.dtype == torch.float32 for p in rounded.parameters()
     )  # bf16 values held in the CPU's float32
     assert all(torch.equal(p, p.to(torch.bfloat16).float()) for p in rounded.parameters())
+
+
+def test_a_later_evaluation_reuses_the_copy_with_the_new_weights_and_its_compiled_call():
+    _, model = tiny_random_model()
+    rounded = checkpoint_weights(model)
+    own = rounded.get_compiled_call(CONFIG)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)  # a training step
+    again = refreshed_weights(rounded, model)
+    fresh = checkpoint_weights(model)
+    assert again is rounded and again.get_compiled_call(CONFIG) is own
+    assert all(torch.equal(a, b) for a, b in zip(again.parameters(), fresh.parameters(), strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(again.parameters(), model.parameters(), strict=True))

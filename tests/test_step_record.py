@@ -66,6 +66,7 @@ def test_a_gpu_step_records_its_peak_and_what_the_device_holds_after_the_pass(mo
         "peak_allocated_gib": 50.0,
         "peak_reserved_gib": 51.0,
         "device_used_gib": 60.0 if sleep else 110.0,
+        "total_gib": 140.0,
         "vllm_sleep_mode": sleep,
     }
     args.vllm_mode = "server"  # a server's engine sleeps on its own GPUs, not beside this pass

@@ -93,6 +93,16 @@ class CapGRPOConfig(GRPOConfig):
         default=10,
         metadata={"help": "Evaluate at step 0, every N steps and at the end (0: never in training)."},
     )
+    eval_at_steps: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Evaluate at these steps alone (and the last), in place of every eval_every: the "
+                  "steps an experiment's plan reads."},
+    )  # fmt: skip
+    step0_eval_from: str | None = field(
+        default=None,
+        metadata={"help": "Another run's results/eval_step000.jsonl of the same base, sets and eval settings "
+                  "(checked): copied instead of evaluating the base again (the launcher's shared step 0)."},
+    )  # fmt: skip
     eval_cap: int | None = field(default=None, metadata={"help": "Eval token cap (default: training cap)."})
     eval_temperature: float | None = field(default=None, metadata={"help": "Default: training temperature."})
     eval_top_p: float | None = field(default=None, metadata={"help": "Default: training top_p."})
@@ -319,6 +329,10 @@ class CapGRPOConfig(GRPOConfig):
         for name in ("eval_every", "checkpoint_every", "keep_states", "heldout_size", "fixed_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)!r}")
+        if self.eval_at_steps and (self.eval_every == 0 or any(
+                not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.eval_at_steps)):  # fmt: skip
+            raise ConfigError(f"eval_at_steps: steps >= 0, with eval_every > 0 (0 turns evaluation off), got "
+                              f"{self.eval_at_steps!r}")  # fmt: skip
         if self.num_generations is None or self.num_generations < 2:
             raise ConfigError(
                 f"num_generations: a group needs at least 2 rollouts, got {self.num_generations!r}"
@@ -422,7 +436,7 @@ class CapGRPOConfig(GRPOConfig):
 # threads (generation runs on one; the training pass gives the same logits and gradients at 1 and 2) and where
 # results are reported or pushed.
 RESUME_MAY_CHANGE = frozenset(
-    {"max_steps", "eval_every", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
+    {"max_steps", "eval_every", "eval_at_steps", "step0_eval_from", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
      "cpu_threads", "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica",
      "log_on_each_node", "logging_first_step", "logging_nan_inf_filter", "log_completions",
      "num_completions_to_print", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",

@@ -81,6 +81,7 @@ def gpu_memory(args) -> dict:
         "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 3),
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 3),
         "device_used_gib": round((total - free) / 2**30, 3),
+        "total_gib": round(total / 2**30, 3),
         "vllm_sleep_mode": bool(
             args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode
         ),

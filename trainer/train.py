@@ -257,6 +257,8 @@ def evaluation_callback(trainer, args, tasks: dict, eval_sets, spec: EvalSpec, g
         grade_fn=grader.grade_batch,
         log_fn=trainer.log_eval_metrics,
         llm_fn=trainer.synced_vllm_engine if spec.generation == "vllm" else None,
+        eval_steps=args.eval_at_steps,
+        step0_rows=args.step0_eval_from,
     )
 
 

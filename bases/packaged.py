@@ -94,7 +94,6 @@ SOURCES = {
         pad_token="<|endoftext|>",
         eos_token="<|im_end|>",
         license=QWEN_LICENSE,
-        verified=False,  # issue 45's facts; not downloaded here
     ),
 }
 MANIFEST = "base_manifest.json"

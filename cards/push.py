@@ -41,6 +41,10 @@ ROOT_FILES = ("README.md", "run.json")
 NEVER = (".gitattributes",)  # a nested one would change how the Hub stores that subtree (the seed's bug)
 
 
+class OutsideRunError(ValueError):
+    """A symlink in what a push sends that leads outside the run directory; the message names the link."""
+
+
 class PlanItem(NamedTuple):
     local_path: Path
     path_in_repo: str
@@ -52,6 +56,34 @@ def _files(run_dir: Path, sub: str, pending: frozenset[Path] = frozenset()) -> l
         p for p in pending if p.parent == run_dir / sub
     }
     return [PlanItem(p, p.relative_to(run_dir).as_posix()) for p in sorted(found) if p.name not in NEVER]
+
+
+def refuse_outside_links(run_dir: Path | str, names: list[str]) -> None:
+    """Every symlink among `names` (files and folders of the run) and below them must lead inside the run
+    directory: upload_folder reads through links, so a link out would send bytes that are not the run's."""
+    run_dir = Path(run_dir)
+    root = run_dir.resolve()  # the run directory itself may be a link
+    for name in names:
+        found = [run_dir / name]
+        if found[0].is_dir():
+            for parent, dirs, files in os.walk(found[0]):  # a linked folder is judged as a link, not entered
+                found += [Path(parent) / n for n in (*dirs, *files)]
+        for path in found:
+            if path.is_symlink() and not (target := path.resolve()).is_relative_to(root):
+                raise OutsideRunError(
+                    f"{path}: a symlink to {target}, outside {run_dir}; a push sends nothing from outside the "
+                    "run directory (copy the file in, or remove the link)"
+                )
+
+
+def _pushed(run: Run, steps: list[int] | None, states: bool) -> tuple[list[int], list[int]]:
+    """(checkpoint steps, state steps) a push sends."""
+    chosen = run.saved if steps is None else sorted(steps)
+    return chosen, (run.states if steps is None else chosen) if states else []
+
+
+def _pushed_names(run: Run, chosen: list[int], state_steps: list[int]) -> list[str]:
+    return [*ROOT_FILES, "results", *(step_name(s) for s in chosen), *(state_name(s) for s in state_steps)]
 
 
 def plan_push(
@@ -69,15 +101,15 @@ def plan_push(
     if not revision:
         raise ValueError("revision must be a branch name, e.g. main")
     run = Run(run_dir)
-    chosen = run.saved if steps is None else sorted(steps)
+    chosen, state_steps = _pushed(run, steps, states)
     if missing := [s for s in chosen if s not in run.saved]:
         raise FileNotFoundError(f"{run.dir}: no {step_name(missing[0])}/ (checkpoints: {run.saved})")
-    state_steps = (run.states if steps is None else chosen) if states else []
     if missing := [s for s in state_steps if s not in run.states]:
         raise FileNotFoundError(f"{run.dir}: no {state_name(missing[0])}/ (optimizer states: {run.states})")
     for name in ROOT_FILES:
         if not (run.dir / name).is_file() and run.dir / name not in pending:
             raise FileNotFoundError(f"{run.dir / name}: missing (run `python -m cards.card {run.dir}` first)")
+    refuse_outside_links(run.dir, _pushed_names(run, chosen, [s for s in state_steps if s in run.states]))
     plan = [PlanItem(run.dir / name, name) for name in ROOT_FILES] + _files(run.dir, "results")
     for s in chosen:  # StateError naming the file: a broken checkpoint or state is never pushed
         others = ",".join(str(o) for o in run.saved if o != s)
@@ -141,6 +173,8 @@ def push(
     A dry run writes nothing and calls nothing: the cards are rendered in memory (their sizes go in the
     plan) and the ones a real push would rewrite are named on stderr."""
     validate_repo_id(repo_id)
+    run = Run(run_dir)  # before any card is written: a card written into a linked stepNNN/ lands outside
+    refuse_outside_links(run.dir, _pushed_names(run, *_pushed(run, steps, states)))
     if dry_run:
         cards = rendered_cards(run_dir, control, steps, repo_id)
         stale = [p for p, data in cards.items() if not p.is_file() or p.read_bytes() != data]

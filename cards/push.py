@@ -4,6 +4,8 @@
 
 The repo gets `README.md` (run card), `run.json`, `results/`, the chosen `stepNNN/` (each with its card) and,
 with --states, their `stateNNN/`, each verified first (a broken state is refused by name, never uploaded).
+A symlink in any of them that leads outside the run directory is refused by name: nothing from outside the
+run is ever sent.
 Cards are regenerated first, with loading snippets that point at the repo. A dry run writes nothing: it
 renders the cards in memory and prints the plan with the sizes the push would upload.
 
@@ -109,7 +111,7 @@ def plan_push(
     for name in ROOT_FILES:
         if not (run.dir / name).is_file() and run.dir / name not in pending:
             raise FileNotFoundError(f"{run.dir / name}: missing (run `python -m cards.card {run.dir}` first)")
-    refuse_outside_links(run.dir, _pushed_names(run, chosen, [s for s in state_steps if s in run.states]))
+    refuse_outside_links(run.dir, _pushed_names(run, chosen, state_steps))
     plan = [PlanItem(run.dir / name, name) for name in ROOT_FILES] + _files(run.dir, "results")
     for s in chosen:  # StateError naming the file: a broken checkpoint or state is never pushed
         others = ",".join(str(o) for o in run.saved if o != s)

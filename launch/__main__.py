@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from launch.plan import ROOT, load
+from rundir.errors import RunFileError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         if e.code in (None, 0) or isinstance(e.code, int):
             raise
         print(e.code, file=sys.stderr)
+        return 1
+    except RunFileError as e:  # a committed row file or rows.tar.xz that cannot be read (the report's rows)
+        print(f"error: {e}", file=sys.stderr)
         return 1
 
 

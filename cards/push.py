@@ -33,6 +33,7 @@ from huggingface_hub.utils import validate_repo_id
 from cards.card import parse_steps, write_cards
 from cards.checkpoint_card import checkpoint_card
 from cards.run_card import run_card
+from data.atomic import refused_write
 from rundir.files import Run, state_dir, state_name, step_dir, step_name
 from rundir.state import StateError, verify_state
 from rundir.step import verify_step
@@ -248,9 +249,13 @@ def main(argv: list[str] | None = None) -> None:
             dry_run=args.dry_run,
             control=args.control,
         )
-    except (StateError, FileNotFoundError, ValueError, RuntimeError) as e:
+    except (StateError, FileNotFoundError, ValueError, RuntimeError, OSError) as e:
         if os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0"):
             raise
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            if (refused := refused_write(e)) is None:  # a network error or a bug: its traceback
+                raise
+            e = refused  # the cards a push writes first, on a read-only run directory
         print(f"error: {e}", file=sys.stderr)  # one line; CAPGRPO_DEBUG=1 for the traceback
         sys.exit(1)
 

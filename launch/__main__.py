@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from data.atomic import refused_write
 from launch.plan import ROOT, load
 from rundir.errors import RunFileError
 
@@ -88,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except RunFileError as e:  # a committed row file or rows.tar.xz that cannot be read (the report's rows)
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if (refused := refused_write(e)) is None:
+            raise
+        print(f"error: {refused}", file=sys.stderr)  # a read-only or full work or out folder
         return 1
 
 

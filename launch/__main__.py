@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from launch.runs import train
 
-        seeds = None if args.seeds is None else [int(x) for x in args.seeds.split(",")]
+        seeds = None if args.seeds is None else _seeds(args.seeds)
         return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus)
     except SystemExit as e:
         if e.code in (None, 0) or isinstance(e.code, int):
@@ -95,6 +95,20 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {refused}", file=sys.stderr)  # a read-only or full work or out folder
         return 1
+
+
+def _seeds(text: str) -> list[int]:
+    """`--seeds 3,4,5`; a repeat or a non-number is refused (the plan's own seeds are checked when it loads)."""
+    seeds = []
+    for part in text.split(","):
+        try:
+            seed = int(part)
+        except ValueError:
+            raise SystemExit(f"error: --seeds: {part!r} is not a whole number") from None
+        if seed in seeds:
+            raise SystemExit(f"error: --seeds: {seed} appears twice")
+        seeds.append(seed)
+    return seeds
 
 
 if __name__ == "__main__":

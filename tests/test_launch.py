@@ -240,6 +240,17 @@ def test_train_runs_only_the_seeds_asked_and_refuses_seeds_not_in_the_plan(tmp_p
     ]
 
 
+@pytest.mark.parametrize(
+    "seeds, says", [("0,0", "--seeds: 0 appears twice"), ("0,x", "--seeds: 'x' is not a whole number")]
+)
+def test_train_refuses_seeds_that_repeat_or_are_not_numbers_in_one_line(seeds, says, tmp_path, capsys):
+    work, out = tmp_path / "w", tmp_path / "o"
+    argv = [PLANS[0], "train", "--smoke", "--seeds", seeds, "--work", str(work), "--out", str(out)]
+    assert launch_main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {says}"]
+    assert not work.exists() and not out.exists()
+
+
 def _seed_major(seeds: range) -> list[tuple[Path, str, int]]:
     return [(Path(f"qwen05-{arm}-s{s}"), arm, s) for s in seeds for arm in ("S0", "S2")]
 

@@ -159,6 +159,10 @@ def pack(folder: Path) -> Path:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and packed(p))
     if not files:
         raise ArchiveError(f"{folder}: no {', '.join(PACKED + PACKED_NAMES)} files to pack")
+    root = folder.resolve()
+    for path in files:  # published rows are the runs' own bytes: never a file from elsewhere through a link
+        if path.is_symlink() and not (target := path.resolve()).is_relative_to(root):
+            raise ArchiveError(f"{path}: a symlink to {target}, outside {folder}; nothing packed")
     tmp = archive.with_name(ARCHIVE + ".tmp")
     with tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
         for path in files:

@@ -125,7 +125,7 @@ def _damage(archive_path: Path, how: str) -> None:
 def _entry_points(docs: Path) -> dict:
     """Each reader of published rows, as its command runs it: a callable returning the exit status."""
     from analysis import compare, published
-    from cards import card
+    from cards import card, push
     from launch.__main__ import main as launch_main
     from rundir import regrade
 
@@ -145,11 +145,12 @@ def _entry_points(docs: Path) -> dict:
         "launch-report": lambda: exit_code(launch_main, [str(ROOT / "docs/experiment-h200/plan.yaml"), "report",
                                                          "--results", str(runs)]),
         "regrade": lambda: exit_code(regrade.main, [str(runs / "S2")]),
+        "push": lambda: exit_code(push.main, [str(runs / "S2"), "--repo", "org/name", "--dry-run"]),
     }  # fmt: skip
 
 
 @pytest.mark.parametrize("how", ["cut", "refused-member"])
-@pytest.mark.parametrize("entry", ["compare", "card", "published", "launch-report", "regrade"])
+@pytest.mark.parametrize("entry", ["compare", "card", "published", "launch-report", "regrade", "push"])
 def test_every_reader_of_a_damaged_archive_says_one_line_naming_it_and_exits_non_zero(
     entry, how, tmp_path, capsys
 ):
@@ -164,3 +165,18 @@ def test_every_reader_of_a_damaged_archive_says_one_line_naming_it_and_exits_non
     err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
     assert code not in (0, None) and len(err) == 1 and str(damaged) in err[0], (code, err)
     assert sorted(p for p in docs.rglob("*")) == before  # nothing written
+
+
+def test_pack_refuses_a_symlink_to_outside_the_folder(plain, tmp_path, capsys):
+    """Issue 61, class 3 at `make launch ... unpack` and `python -m rundir.archive pack`: published rows are never
+    bytes from outside the folder."""
+    (tmp_path / "secret.jsonl").write_text('{"not": "from the run"}\n')
+    link = plain / "runs/S2/results/extra.jsonl"
+    link.symlink_to(tmp_path / "secret.jsonl")
+    before = sorted(plain.rglob("*"))
+    assert archive.main(["pack", str(plain)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {link}: a symlink to {tmp_path / 'secret.jsonl'}, outside {plain}; nothing packed"
+    ]
+    assert sorted(plain.rglob("*")) == before  # no archive, no file removed

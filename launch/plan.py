@@ -89,7 +89,7 @@ class Plan:
     seeds: tuple[int, ...] | None  # None: one run per arm, named by the arm (run_name "{arm}")
     run_name: str  # "{arm}" or "smollm2-{arm}-s{seed}"
     steps: int
-    eval: dict  # {every, sets: {name: {size, samples}}, caps: [...]}
+    eval: dict  # {every, sets: {name: {size, samples, from}}}
     primary: dict  # {set, step, test}
     results: str  # where the committed rows live (docs/experiment-*/)
     base_report: BaseReport | None = None

@@ -133,7 +133,9 @@ class _Loader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=True)
-            if isinstance(key, str) and key in seen:
+            if not isinstance(key, str):  # an unhashable key is YAML's own error, below
+                continue
+            if key in seen:
                 raise PlanError(
                     f"error: {self.name}:{key_node.start_mark.line + 1}: field {key!r} appears twice"
                 )
@@ -184,8 +186,12 @@ def load(path: str | Path) -> Plan:
     path = Path(path)
     try:
         raw = yaml.load(path.read_text(), Loader=lambda text: _Loader(text, path))  # a SafeLoader
-    except (OSError, yaml.YAMLError) as e:
-        raise PlanError(f"error: {path}: {e}") from None
+    except OSError as e:
+        raise PlanError(f"error: {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:  # one line: the file, the line, YAML's problem (its own message spans five)
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PlanError(f"error: {where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(raw, dict):
         raise PlanError(f"error: {path}: not a mapping of plan fields")
     raw = dict(raw)

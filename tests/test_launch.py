@@ -120,6 +120,21 @@ def test_a_key_written_twice_in_the_plan_file_is_refused_by_line(tmp_path):
         load(path)
 
 
+@pytest.mark.parametrize(
+    "text, says",
+    [("name: x\n? [a]\n: 1\n", ":2: not valid YAML (found unhashable key)"),
+     ("name: [x\n", ":2: not valid YAML ("), (None, ": No such file or directory")],
+    ids=["unhashable-key", "unclosed", "missing"],
+)  # fmt: skip
+def test_a_plan_file_that_is_not_yaml_is_one_line(text, says, tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert launch_main([str(path), "report"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}{says}"), err
+
+
 def test_the_report_keys_the_plan_accepts_are_the_section_functions_arguments():
     import inspect
 

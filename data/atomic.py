@@ -47,10 +47,12 @@ def refused_write(e: BaseException) -> str | None:
     path the OS named; None for any other error, whose traceback stays (it is a bug to fix, not a refusal)."""
     if not isinstance(e, OSError) or e.errno not in REFUSED_WRITE:
         return None
-    if isinstance(e, DiskFullError) or e.filename is None:
+    if isinstance(e, DiskFullError):
         return str(e)
-    if is_disk_full(e):
-        return f"{e.filename}: not written, the disk is full (free some space, then run it again)"
+    if is_disk_full(e):  # a write to an open file names none
+        return f"{e.filename or 'a file'}: not written, the disk is full (free some space, then run it again)"
+    if e.filename is None:  # EPERM/EACCES with no path (a signal, a device): not the disk, keep the traceback
+        return None
     return f"{e.filename}: {e.strerror}"
 
 

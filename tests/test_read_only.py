@@ -144,11 +144,17 @@ def test_make_launch_into_a_read_only_work_folder(tmp_path, monkeypatch, capsys)
 def test_refused_write_is_the_disk_refusing_and_nothing_else():
     from data.atomic import refused_write
 
-    assert refused_write(OSError(errno.EROFS, "Read-only file system", "/r/x")) == "/r/x: Read-only file system"
-    assert refused_write(PermissionError(errno.EACCES, "Permission denied", "/r/x")) == "/r/x: Permission denied"
+    assert (
+        refused_write(OSError(errno.EROFS, "Read-only file system", "/r/x")) == "/r/x: Read-only file system"
+    )
+    assert (
+        refused_write(PermissionError(errno.EACCES, "Permission denied", "/r/x")) == "/r/x: Permission denied"
+    )
     assert refused_write(OSError(errno.ENOSPC, "No space left on device")).startswith(
         "a file: not written, the disk is full"
     )  # a write to an open file names no path
-    assert refused_write(PermissionError(errno.EPERM, "Operation not permitted")) is None  # no path: not the disk
+    assert (
+        refused_write(PermissionError(errno.EPERM, "Operation not permitted")) is None
+    )  # no path: not the disk
     assert refused_write(FileNotFoundError(errno.ENOENT, "No such file or directory", "/r/x")) is None
     assert refused_write(ValueError("x")) is None

@@ -47,6 +47,7 @@ from analysis.pairing import (  # noqa: F401  (load_run, check_comparable: the r
 from analysis.plots import Trajectory, plot_all
 from analysis.report import headline, headline_notes, render_report, seed_headline
 from analysis.stats import SMALLEST_EFFECT_PP, sign_flip_test
+from data.atomic import refused_write
 from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
 from rundir.at_k import Estimate, bootstrap_interval, per_problem, problem_scores
@@ -239,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     except RunFileError as e:  # CompareError, or a run file that breaks the contract
         print(f"compare refused: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        if (refused := refused_write(e)) is None:
+            raise
+        print(f"compare refused: {refused}", file=sys.stderr)  # a read-only --out folder
         return 2
     print(seed_headline(c) + "\n\nProblem-level test, given these checkpoints:\n\n" + headline(c))
     for note in headline_notes(c):

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from data.eval_sets import HELDOUT
 from rundir import archive
-from rundir.files import eval_path
+from rundir.files import RunFileError, eval_path
 
 
 class PublishedError(ValueError):
@@ -131,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     for report in reports:
         try:
             problems += missing_rows(report)
-        except PublishedError as e:
-            problems.append(str(e))
+        except (PublishedError, RunFileError) as e:  # RunFileError: a damaged rows.tar.xz, named once
+            if str(e) not in problems:
+                problems.append(str(e))
     for line in problems:
         print(line, file=sys.stderr)
     print(f"{len(reports)} published report(s) under {args.docs}/experiment-*: "

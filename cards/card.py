@@ -17,6 +17,7 @@ from analysis.pairing import CompareError
 from cards.checkpoint_card import build_checkpoint_card
 from cards.metadata import save_card
 from cards.run_card import build_run_card
+from data.atomic import refused_write
 from rundir.files import Run, RunFileError, step_dir
 
 
@@ -57,9 +58,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         paths = write_cards(args.run_dir, args.control, steps=parse_steps(args.steps))
-    except (RunFileError, CompareError, FileNotFoundError, ValueError) as e:
+    except (RunFileError, CompareError, FileNotFoundError, ValueError, OSError) as e:
         if os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0"):
             raise
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            if (refused := refused_write(e)) is None:  # not the disk refusing a card: a bug, its traceback
+                raise
+            e = refused  # a read-only run directory: the card's path
         print(
             f"error: {e}", file=sys.stderr
         )  # one line, as the other commands; CAPGRPO_DEBUG=1 for the traceback

@@ -4,6 +4,8 @@
 
 The repo gets `README.md` (run card), `run.json`, `results/`, the chosen `stepNNN/` (each with its card) and,
 with --states, their `stateNNN/`, each verified first (a broken state is refused by name, never uploaded).
+A symlink in any of them that leads outside the run directory is refused by name: nothing from outside the
+run is ever sent.
 Cards are regenerated first, with loading snippets that point at the repo. A dry run writes nothing: it
 renders the cards in memory and prints the plan with the sizes the push would upload.
 
@@ -31,6 +33,7 @@ from huggingface_hub.utils import validate_repo_id
 from cards.card import parse_steps, write_cards
 from cards.checkpoint_card import checkpoint_card
 from cards.run_card import run_card
+from data.atomic import refused_write
 from rundir.files import Run, state_dir, state_name, step_dir, step_name
 from rundir.state import StateError, verify_state
 from rundir.step import verify_step
@@ -39,6 +42,10 @@ logger = logging.getLogger(__name__)
 
 ROOT_FILES = ("README.md", "run.json")
 NEVER = (".gitattributes",)  # a nested one would change how the Hub stores that subtree (the seed's bug)
+
+
+class OutsideRunError(ValueError):
+    """A symlink in what a push sends that leads outside the run directory; the message names the link."""
 
 
 class PlanItem(NamedTuple):
@@ -52,6 +59,34 @@ def _files(run_dir: Path, sub: str, pending: frozenset[Path] = frozenset()) -> l
         p for p in pending if p.parent == run_dir / sub
     }
     return [PlanItem(p, p.relative_to(run_dir).as_posix()) for p in sorted(found) if p.name not in NEVER]
+
+
+def refuse_outside_links(run_dir: Path | str, names: list[str]) -> None:
+    """Every symlink among `names` (files and folders of the run) and below them must lead inside the run
+    directory: upload_folder reads through links, so a link out would send bytes that are not the run's."""
+    run_dir = Path(run_dir)
+    root = run_dir.resolve()  # the run directory itself may be a link
+    for name in names:
+        found = [run_dir / name]
+        if found[0].is_dir():
+            for parent, dirs, files in os.walk(found[0]):  # a linked folder is judged as a link, not entered
+                found += [Path(parent) / n for n in (*dirs, *files)]
+        for path in found:
+            if path.is_symlink() and not (target := path.resolve()).is_relative_to(root):
+                raise OutsideRunError(
+                    f"{path}: a symlink to {target}, outside {run_dir}; a push sends nothing from outside the "
+                    "run directory (copy the file in, or remove the link)"
+                )
+
+
+def _pushed(run: Run, steps: list[int] | None, states: bool) -> tuple[list[int], list[int]]:
+    """(checkpoint steps, state steps) a push sends."""
+    chosen = run.saved if steps is None else sorted(steps)
+    return chosen, (run.states if steps is None else chosen) if states else []
+
+
+def _pushed_names(run: Run, chosen: list[int], state_steps: list[int]) -> list[str]:
+    return [*ROOT_FILES, "results", *(step_name(s) for s in chosen), *(state_name(s) for s in state_steps)]
 
 
 def plan_push(
@@ -69,15 +104,15 @@ def plan_push(
     if not revision:
         raise ValueError("revision must be a branch name, e.g. main")
     run = Run(run_dir)
-    chosen = run.saved if steps is None else sorted(steps)
+    chosen, state_steps = _pushed(run, steps, states)
     if missing := [s for s in chosen if s not in run.saved]:
         raise FileNotFoundError(f"{run.dir}: no {step_name(missing[0])}/ (checkpoints: {run.saved})")
-    state_steps = (run.states if steps is None else chosen) if states else []
     if missing := [s for s in state_steps if s not in run.states]:
         raise FileNotFoundError(f"{run.dir}: no {state_name(missing[0])}/ (optimizer states: {run.states})")
     for name in ROOT_FILES:
         if not (run.dir / name).is_file() and run.dir / name not in pending:
             raise FileNotFoundError(f"{run.dir / name}: missing (run `python -m cards.card {run.dir}` first)")
+    refuse_outside_links(run.dir, _pushed_names(run, chosen, state_steps))
     plan = [PlanItem(run.dir / name, name) for name in ROOT_FILES] + _files(run.dir, "results")
     for s in chosen:  # StateError naming the file: a broken checkpoint or state is never pushed
         others = ",".join(str(o) for o in run.saved if o != s)
@@ -141,6 +176,8 @@ def push(
     A dry run writes nothing and calls nothing: the cards are rendered in memory (their sizes go in the
     plan) and the ones a real push would rewrite are named on stderr."""
     validate_repo_id(repo_id)
+    run = Run(run_dir)  # before any card is written: a card written into a linked stepNNN/ lands outside
+    refuse_outside_links(run.dir, _pushed_names(run, *_pushed(run, steps, states)))
     if dry_run:
         cards = rendered_cards(run_dir, control, steps, repo_id)
         stale = [p for p, data in cards.items() if not p.is_file() or p.read_bytes() != data]
@@ -212,9 +249,13 @@ def main(argv: list[str] | None = None) -> None:
             dry_run=args.dry_run,
             control=args.control,
         )
-    except (StateError, FileNotFoundError, ValueError, RuntimeError) as e:
+    except (StateError, FileNotFoundError, ValueError, RuntimeError, OSError) as e:
         if os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0"):
             raise
+        if isinstance(e, OSError) and not isinstance(e, FileNotFoundError):
+            if (refused := refused_write(e)) is None:  # a network error or a bug: its traceback
+                raise
+            e = refused  # the cards a push writes first, on a read-only run directory
         print(f"error: {e}", file=sys.stderr)  # one line; CAPGRPO_DEBUG=1 for the traceback
         sys.exit(1)
 

@@ -38,6 +38,24 @@ def is_disk_full(e: BaseException) -> bool:
     return isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+# what the OS answers a write it refuses: a read-only mount, no permission, a full disk or quota
+REFUSED_WRITE = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+
+
+def refused_write(e: BaseException) -> str | None:
+    """The one line a command ends with when the disk refused it (read-only, no permission, full), naming the
+    path the OS named; None for any other error, whose traceback stays (it is a bug to fix, not a refusal)."""
+    if not isinstance(e, OSError) or e.errno not in REFUSED_WRITE:
+        return None
+    if isinstance(e, DiskFullError):
+        return str(e)
+    if is_disk_full(e):  # a write to an open file names none
+        return f"{e.filename or 'a file'}: not written, the disk is full (free some space, then run it again)"
+    if e.filename is None:  # EPERM/EACCES with no path (a signal, a device): not the disk, keep the traceback
+        return None
+    return f"{e.filename}: {e.strerror}"
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     """A file's sha256, read in 16 MiB blocks (weights and state shards do not fit memory twice)."""
     h = hashlib.sha256()
@@ -55,6 +73,9 @@ def write_atomic(path: str | os.PathLike, data: bytes) -> Path:
     except OSError as e:
         if is_disk_full(e):
             raise disk_full(path, len(data)) from None
+        # name the file, not its temp (the same OSError subclass: the constructor picks it by errno)
+        if e.filename and Path(e.filename).name.startswith(f".{path.name}.tmp-"):
+            raise OSError(e.errno, e.strerror, str(path)) from None
         raise
     try:
         with os.fdopen(fd, "wb") as f:

@@ -20,7 +20,9 @@ import os
 import sys
 from pathlib import Path
 
+from data.atomic import refused_write
 from launch.plan import ROOT, load
+from rundir.errors import RunFileError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,13 +104,35 @@ def main(argv: list[str] | None = None) -> int:
             )
         from launch.runs import train
 
-        seeds = None if args.seeds is None else [int(x) for x in args.seeds.split(",")]
+        seeds = None if args.seeds is None else _seeds(args.seeds)
         return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus)
     except SystemExit as e:
         if e.code in (None, 0) or isinstance(e.code, int):
             raise
         print(e.code, file=sys.stderr)
         return 1
+    except RunFileError as e:  # a committed row file or rows.tar.xz that cannot be read (the report's rows)
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if (refused := refused_write(e)) is None:
+            raise
+        print(f"error: {refused}", file=sys.stderr)  # a read-only or full work or out folder
+        return 1
+
+
+def _seeds(text: str) -> list[int]:
+    """`--seeds 3,4,5`; a repeat or a non-number is refused (the plan's own seeds are checked when it loads)."""
+    seeds = []
+    for part in text.split(","):
+        try:
+            seed = int(part)
+        except ValueError:
+            raise SystemExit(f"error: --seeds: {part!r} is not a whole number") from None
+        if seed in seeds:
+            raise SystemExit(f"error: --seeds: {seed} appears twice")
+        seeds.append(seed)
+    return seeds
 
 
 if __name__ == "__main__":

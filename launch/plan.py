@@ -21,6 +21,31 @@ class PlanError(SystemExit):
     """One line naming the plan file and the field; the launcher exits non-zero with it."""
 
 
+# Inside the plan's mappings, the keys the launcher reads (launch/base.py, runs.py, report.py) or the report
+# quotes: any other is a typo that would be silently ignored, so it is refused (issue 61). `*`: a name of the
+# plan's choosing (a snapshot, an eval set), `[]`: every item of a list.
+CELL_KEYS = ("tasks", "family", "prompt", "temperature", "model")
+NESTED_KEYS = {
+    "base": ("kind", "model", "overrides", "eval_problems", "budget_s"),
+    "tasks.*": ("generator", "family", "levels", "size", "seed", "path", "sha256", "made_by"),
+    "base_report.cells[]": CELL_KEYS,
+    "base_report.rule.candidates": CELL_KEYS,
+    "eval": ("every", "sets"),
+    "eval.sets.*": ("size", "samples", "from"),
+    "primary": ("set", "step", "test", "alpha", "min_step"),
+    "secondaries[]": ("set", "step", "cap", "test", "alpha"),
+    "decomposition": ("lead_by_control_outcome", "per_arm_and_step"),
+    "budget": ("train_s", "parallel", "gpus", "grace_s", "leader_s", "gpu_share", "memory_growth",
+               "drop_finished_weights"),
+    "run_args": ("gpu", "smoke"),
+}  # fmt: skip
+# a report section's keys: these, and the arguments of its kind's function (launch/report.py `section`)
+SECTION_KEYS = ("kind", "heading", "level", "body_level", "launch")
+SECTION_ARGS = {"secondary": ("set", "step", "cap"), "outcome_by_seed": ("steps", "outcome"),
+                "reproduction": ("against", "eval_steps"), "seed_table": ("step",), "timing": ("run",),
+                "trajectory": ("seed",)}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Rule:
     """The base report's rule (PLAN.md): per candidate cell the smallest cap whose truncated share lies in
@@ -64,7 +89,7 @@ class Plan:
     seeds: tuple[int, ...] | None  # None: one run per arm, named by the arm (run_name "{arm}")
     run_name: str  # "{arm}" or "smollm2-{arm}-s{seed}"
     steps: int
-    eval: dict  # {every, sets: {name: {size, samples}}, caps: [...]}
+    eval: dict  # {every, sets: {name: {size, samples, from}}}
     primary: dict  # {set, step, test}
     results: str  # where the committed rows live (docs/experiment-*/)
     base_report: BaseReport | None = None
@@ -97,17 +122,82 @@ def _build(cls, raw: dict, where: str):
         raise PlanError(f"error: {where}: {e}") from None
 
 
+class _Loader(yaml.SafeLoader):
+    """safe_load that refuses a key written twice in one mapping: YAML keeps the last, silently."""
+
+    def __init__(self, text: str, path: Path):
+        super().__init__(text)
+        self.name = str(path)  # YAML's own errors name the file too
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, str):  # an unhashable key is YAML's own error, below
+                continue
+            if key in seen:
+                raise PlanError(
+                    f"error: {self.name}:{key_node.start_mark.line + 1}: field {key!r} appears twice"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _check_keys(raw: dict, path: Path) -> None:
+    """Every nested mapping of NESTED_KEYS is a mapping with only the keys the launcher reads."""
+
+    def items(value, where: str, rest: list[str]):
+        if not rest:
+            yield where, value
+        elif rest[0] == "*" and isinstance(value, dict):
+            for k, v in value.items():
+                yield from items(v, f"{where}.{k}", rest[1:])
+        elif rest[0] == "[]" and isinstance(value, list):
+            for i, v in enumerate(value):
+                yield from items(v, f"{where}[{i}]", rest[1:])
+        elif rest[0] not in ("*", "[]") and isinstance(value, dict):
+            # a missing part is _build's to judge; a null base_report or rule means "the recipe's settings"
+            if rest[0] in value and not (value[rest[0]] is None and rest[0] in ("base_report", "rule")):
+                yield from items(value[rest[0]], f"{where}.{rest[0]}".lstrip("."), rest[1:])
+        else:
+            raise PlanError(f"error: {path}: {where}: expected a {'list' if rest[0] == '[]' else 'mapping'}")
+
+    for spec, known in NESTED_KEYS.items():
+        for where, value in items(raw, "", spec.replace("[]", ".[]").split(".")):
+            _known_keys(value, known, f"{path}: {where}")
+
+
+def _known_keys(value, known, where: str) -> None:
+    if not isinstance(value, dict):
+        raise PlanError(f"error: {where}: expected a mapping, got {type(value).__name__}")
+    if unknown := [k for k in value if k not in known]:
+        raise PlanError(f"error: {where}: unknown field {str(unknown[0])!r} (known: {', '.join(known)})")
+
+
+def _unique(values, where: str) -> None:
+    seen = set()
+    for v in values:
+        if v in seen:
+            raise PlanError(f"error: {where}: {v!r} appears twice")
+        seen.add(v)
+
+
 def load(path: str | Path) -> Plan:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise PlanError(f"error: {path}: {e}") from None
+        raw = yaml.load(path.read_text(), Loader=lambda text: _Loader(text, path))  # a SafeLoader
+    except OSError as e:
+        raise PlanError(f"error: {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:  # one line: the file, the line, YAML's problem (its own message spans five)
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise PlanError(f"error: {where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(raw, dict):
         raise PlanError(f"error: {path}: not a mapping of plan fields")
     raw = dict(raw)
     if "path" in raw:
         raise PlanError(f"error: {path}: unknown field 'path'")
+    _check_keys(raw, path)
     if (br := raw.get("base_report")) is not None:
         br = dict(br)
         if br.get("rule") is not None:
@@ -118,19 +208,38 @@ def load(path: str | Path) -> Plan:
             br["rule"] = _build(Rule, rule, f"{path}: base_report.rule")
         br["cells"], br["caps"] = tuple(br.get("cells", ())), tuple(br.get("caps", ()))
         raw["base_report"] = _build(BaseReport, br, f"{path}: base_report")
-    for k in ("arms", "secondaries", "deviation", "report"):
-        if k in raw:
+    for k in ("arms", "secondaries", "deviation", "report", "seeds"):
+        if k in raw and not (k == "seeds" and raw[k] is None):
+            if not isinstance(raw[k], list):
+                raise PlanError(f"error: {path}: {k}: expected a list, got {type(raw[k]).__name__}")
             raw[k] = tuple(raw[k])
-    if raw.get("seeds") is not None:
-        raw["seeds"] = tuple(raw["seeds"])
     plan = _build(Plan, {"path": path, **raw}, str(path))
     if plan.primary.get("set") not in plan.eval.get("sets", {}):
         raise PlanError(f"error: {path}: primary.set {plan.primary.get('set')!r} is not one of eval.sets")
     for i, sec in enumerate(plan.report):
+        if not isinstance(sec, dict):
+            raise PlanError(f"error: {path}: report[{i}]: expected a mapping, got {type(sec).__name__}")
         if sec.get("kind") not in SECTION_KINDS:
             raise PlanError(
                 f"error: {path}: report[{i}].kind {sec.get('kind')!r} is not one of {', '.join(SECTION_KINDS)}"
             )
+        _known_keys(sec, (*SECTION_KEYS, *SECTION_ARGS.get(sec["kind"], ())), f"{path}: report[{i}]")
+    # a repeat would start (and count) one run twice: refused, as is a run_name that gives two runs one directory
+    if bad := [a for a in plan.arms if not isinstance(a, str)]:
+        raise PlanError(f"error: {path}: arms: {bad[0]!r} is not an arm name")
+    _unique(plan.arms, f"{path}: arms")
+    if plan.seeds is not None:
+        if bad := [s for s in plan.seeds if type(s) is not int]:
+            raise PlanError(f"error: {path}: seeds: {bad[0]!r} is not a whole number")
+        _unique(plan.seeds, f"{path}: seeds")
+    try:
+        names = [n for arm in plan.arms for n, _ in plan.runs(arm)]
+    except (KeyError, IndexError, ValueError) as e:
+        raise PlanError(
+            f"error: {path}: run_name {plan.run_name!r}: not a name of {{arm}} and {{seed}} ({e})"
+        ) from None
+    if dup := next((n for i, n in enumerate(names) if n in names[:i]), None):
+        raise PlanError(f"error: {path}: run_name {plan.run_name!r} gives two runs the directory {dup!r}")
     if plan.status not in ("draft", "final"):
         raise PlanError(f"error: {path}: status {plan.status!r} is neither draft nor final")
     if not (ROOT / plan.recipe).is_file():

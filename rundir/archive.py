@@ -25,6 +25,8 @@ import tarfile
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from rundir.errors import RunFileError
+
 ARCHIVE = "rows.tar.xz"
 PACKED = (".jsonl", ".log")
 PACKED_NAMES = ("run.json",)  # 86 published run.json files: 1.5 MB plain, 13 KB packed
@@ -38,8 +40,9 @@ def packed(path: Path) -> bool:
     return path.name == CARD and (path.parent / "run.json").is_file()
 
 
-class ArchiveError(ValueError):
-    """An archive we cannot read, or a path it and the disk disagree on; the message names it."""
+class ArchiveError(RunFileError):
+    """An archive we cannot read, or a path it and the disk disagree on; the message names it. A RunFileError
+    (and so a ValueError): whatever refuses a damaged run file refuses a damaged archive the same way."""
 
 
 def _members(archive: Path) -> dict[str, bytes]:
@@ -57,7 +60,7 @@ def _read(archive: Path, _mtime: int, _size: int) -> dict[str, bytes]:
                 if not info.isfile() or name.is_absolute() or ".." in name.parts:
                     raise ArchiveError(f"{archive}: member {info.name!r} is not a plain relative file")
                 members[str(name)] = tar.extractfile(info).read()
-    except (tarfile.TarError, lzma.LZMAError, EOFError) as e:
+    except (tarfile.TarError, lzma.LZMAError, EOFError, OSError) as e:  # OSError: e.g. an unreadable file
         raise ArchiveError(f"{archive}: not a readable tar.xz ({e})") from None
     return members
 
@@ -156,6 +159,10 @@ def pack(folder: Path) -> Path:
     files = sorted(p for p in folder.rglob("*") if p.is_file() and packed(p))
     if not files:
         raise ArchiveError(f"{folder}: no {', '.join(PACKED + PACKED_NAMES)} files to pack")
+    root = folder.resolve()
+    for path in files:  # published rows are the runs' own bytes: never a file from elsewhere through a link
+        if path.is_symlink() and not (target := path.resolve()).is_relative_to(root):
+            raise ArchiveError(f"{path}: a symlink to {target}, outside {folder}; nothing packed")
     tmp = archive.with_name(ARCHIVE + ".tmp")
     with tarfile.open(tmp, "w:xz", preset=9 | lzma.PRESET_EXTREME, format=tarfile.PAX_FORMAT) as tar:
         for path in files:

@@ -20,6 +20,7 @@ from data.eval_sets import HELDOUT
 from rewards.outcome import Outcome
 from rundir import archive
 from rundir.at_k import at_k
+from rundir.errors import RunFileError  # rundir.files.RunFileError, as docs/CONTRACTS.md names it
 
 STEP_DIR = re.compile(r"step(\d{3,})")
 STATE_DIR = re.compile(r"state(\d{3,})")
@@ -32,10 +33,6 @@ READ_FIELDS = tuple(
 )  # what readers use
 RUN_FIELDS = ("arm", "policy_id", "gate", "grader_version", "eval")
 OUTCOMES = frozenset(o.value for o in Outcome)
-
-
-class RunFileError(ValueError):
-    """A run directory's file we cannot read as docs/CONTRACTS.md says; the message names file and line."""
 
 
 # --- names ------------------------------------------------------------------------------------------------

@@ -50,7 +50,11 @@ class RunLock:
         self._made_dir = not self.dir.exists()
         self.dir.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:  # a read-only or full disk: the caller names the path; leave no directory behind
+                self._remove_made_dir()
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

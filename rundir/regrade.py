@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from data.atomic import write_atomic
+from data.atomic import refused_write, write_atomic
 from rewards.grader import GraderPool
 from rewards.outcome import Outcome, grader_version
 from rundir import archive
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = regrade(args.run_dir, args.grader)
     except (OSError, ValueError) as exc:
-        print(f"regrade: {exc}", file=sys.stderr)
+        print(f"regrade: {refused_write(exc) or exc}", file=sys.stderr)  # a read-only disk: path and reason
         return 2
     print(format_summary(summary))
     print(f"\nwritten: {args.run_dir / 'results' / f'regrade-{args.grader}'}/")

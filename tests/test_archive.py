@@ -1,5 +1,6 @@
 """rundir/archive.py: published rows packed into rows.tar.xz and read by rundir's readers as if on disk."""
 
+import io
 import json
 import shutil
 import tarfile
@@ -105,3 +106,77 @@ def test_unpack_gives_a_plain_copy_and_the_cli_says_one_line(plain, tmp_path, ca
     assert capsys.readouterr().err.strip() == f"error: {plain}: exists; unpack into a new folder"
     assert archive.main(["pack", str(tmp_path / "nothing-here")]) == 1
     assert "no .jsonl, .log, run.json files to pack" in capsys.readouterr().err
+
+
+def _damage(archive_path: Path, how: str) -> None:
+    if how == "cut":  # a download or copy cut short
+        archive_path.write_bytes(archive_path.read_bytes()[: archive_path.stat().st_size // 2])
+        return
+    with tarfile.open(archive_path, "r:xz") as tar:  # the same members, then one the reader refuses
+        members = [(info, tar.extractfile(info).read()) for info in tar]
+    with tarfile.open(archive_path, "w:xz") as tar:
+        for info, data in members:
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("runs/S2/results/eval_step999.jsonl")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+
+
+def _entry_points(docs: Path) -> dict:
+    """Each reader of published rows, as its command runs it: a callable returning the exit status."""
+    from analysis import compare, published
+    from cards import card, push
+    from launch.__main__ import main as launch_main
+    from rundir import regrade
+
+    runs = docs / "experiment-h200/result/runs"
+
+    def exit_code(main, argv):
+        try:
+            return main(argv)
+        except SystemExit as e:
+            return e.code
+
+    return {
+        "compare": lambda: exit_code(compare.main, [str(runs / "S2"), str(runs / "S0"), "--resamples", "10",
+                                                    "--out", str(docs / "cmp")]),
+        "card": lambda: exit_code(card.main, [str(runs / "S2")]),
+        "published": lambda: exit_code(published.main, [str(docs)]),
+        "launch-report": lambda: exit_code(launch_main, [str(ROOT / "docs/experiment-h200/plan.yaml"), "report",
+                                                         "--results", str(runs)]),
+        "regrade": lambda: exit_code(regrade.main, [str(runs / "S2")]),
+        "push": lambda: exit_code(push.main, [str(runs / "S2"), "--repo", "org/name", "--dry-run"]),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("how", ["cut", "refused-member"])
+@pytest.mark.parametrize("entry", ["compare", "card", "published", "launch-report", "regrade", "push"])
+def test_every_reader_of_a_damaged_archive_says_one_line_naming_it_and_exits_non_zero(
+    entry, how, tmp_path, capsys
+):
+    """Issue 61, class 4: `make compare` on a published run whose rows.tar.xz is cut short, or holds a member the
+    reader refuses, printed the archive error as a traceback."""
+    docs = tmp_path / "docs"
+    shutil.copytree(H200.parent, docs / "experiment-h200")
+    damaged = docs / "experiment-h200/result" / archive.ARCHIVE
+    _damage(damaged, how)
+    before = sorted(p for p in docs.rglob("*"))
+    code = _entry_points(docs)[entry]()
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if line]
+    assert code not in (0, None) and len(err) == 1 and str(damaged) in err[0], (code, err)
+    assert sorted(p for p in docs.rglob("*")) == before  # nothing written
+
+
+def test_pack_refuses_a_symlink_to_outside_the_folder(plain, tmp_path, capsys):
+    """Issue 61, class 3 at `make launch ... unpack` and `python -m rundir.archive pack`: published rows are never
+    bytes from outside the folder."""
+    (tmp_path / "secret.jsonl").write_text('{"not": "from the run"}\n')
+    link = plain / "runs/S2/results/extra.jsonl"
+    link.symlink_to(tmp_path / "secret.jsonl")
+    before = sorted(plain.rglob("*"))
+    assert archive.main(["pack", str(plain)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"error: {link}: a symlink to {tmp_path / 'secret.jsonl'}, outside {plain}; nothing packed"
+    ]
+    assert sorted(plain.rglob("*")) == before  # no archive, no file removed

@@ -110,3 +110,21 @@ def test_a_non_empty_run_directory_is_refused_before_anything_starts(launched, t
 def test_a_control_alone_is_not_an_experiment(launched, tmp_path):
     with pytest.raises(SystemExit):
         experiment.main(["--arms", "S0", "--runs", str(tmp_path)])
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--arms", "S0,S2,S0"], "--arms: S0 appears twice"),
+        (["--seeds", "0,1,0"], "--seeds: 0 appears twice"),
+        (["--seeds", "0,x"], "--seeds: 'x' is not a whole number"),
+    ],
+    ids=["arms", "seeds", "not-a-seed"],
+)
+def test_arms_or_seeds_that_repeat_are_refused_before_anything_starts(argv, says, launched, tmp_path, capsys):
+    """Issue 61, class 5: a repeated seed started its run twice."""
+    runs = tmp_path / "runs"
+    assert experiment.main(["--arms", "S0,S2", *argv, "--runs", str(runs)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {says}"], err
+    assert launched["train"] == [] and not runs.exists()

@@ -2,6 +2,7 @@
 CPU sizes with the shipped tiny embedded base."""
 
 import json
+import re
 import subprocess
 import tarfile
 from dataclasses import fields
@@ -68,6 +69,81 @@ def test_an_unknown_field_is_refused_with_one_line_naming_the_file_and_field(tmp
     path = _plan_with(tmp_path, lambda r: r["report"].append({"kind": "primray"}))
     with pytest.raises(PlanError, match=r"report\[15\].kind 'primray' is not one of primary, "):
         load(path)
+
+
+# issue 61, class 5: a plan that repeats itself, or a nested key the launcher does not read (a typo that would be
+# silently ignored), is refused when it loads: one line naming the file and the field, exit 1, nothing written
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda r: r.update(seeds=[0, 1, 0]), "seeds: 0 appears twice"),
+        (lambda r: r.update(arms=["S0", "S2", "S0"]), "arms: 'S0' appears twice"),
+        (lambda r: r.update(run_name="smollm2-{arm}"), "run_name 'smollm2-{arm}' gives two runs the directory"),
+        (lambda r: r["eval"].update(evry=5), "eval: unknown field 'evry'"),
+        (lambda r: r["eval"]["sets"]["fixed32"].update(sampels=8), "eval.sets.fixed32: unknown field 'sampels'"),
+        (lambda r: r["primary"].update(stpe=30), "primary: unknown field 'stpe'"),
+        (lambda r: r["secondaries"][1].update(sett="x"), "secondaries[1]: unknown field 'sett'"),
+        (lambda r: r["base"].update(modle="x"), "base: unknown field 'modle'"),
+        (lambda r: r["budget"].update(paralel=2), "budget: unknown field 'paralel'"),
+        (lambda r: r["tasks"]["sum2"].update(sise=3), "tasks.sum2: unknown field 'sise'"),
+        (lambda r: r["base_report"]["cells"][2].update(temprature=1), "base_report.cells[2]: unknown field"),
+        (lambda r: r["base_report"]["rule"]["candidates"].update(promt="x"), "base_report.rule.candidates: unknown field 'promt'"),
+        (lambda r: r["run_args"].update(cpu=[]), "run_args: unknown field 'cpu'"),
+        (lambda r: r["decomposition"].update(by=[]) if "decomposition" in r else r.update(decomposition={"by": 1}),
+         "decomposition: unknown field 'by'"),
+        (lambda r: r["report"][0].update(lanuch="x"), "report[0]: unknown field 'lanuch'"),
+        (lambda r: r["report"][3].update(steps=[5]), "report[3]: unknown field 'steps'"),  # launch_status takes none
+        (lambda r: r.update(eval=5), "eval: expected a mapping"),
+        (lambda r: r["report"].append("primary"), "report[15]: expected a mapping"),
+    ],
+    ids=["seeds", "arms", "run-name", "eval", "eval-set", "primary", "secondary", "base", "budget", "tasks", "cell",
+         "candidates", "run-args", "decomposition", "report", "report-kind-args", "not-a-mapping", "section-not-a-mapping"],
+)  # fmt: skip
+def test_a_plan_that_repeats_itself_or_has_an_unread_nested_key_is_refused_in_one_line(
+    edit, says, tmp_path, capsys
+):
+    path = _plan_with(tmp_path, edit)
+    with pytest.raises(PlanError, match=re.escape(f"{path}: {says}")):
+        load(path)
+    work, out = tmp_path / "w", tmp_path / "o"
+    assert launch_main([str(path), "train", "--smoke", "--work", str(work), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: ") and says in err[0], err
+    assert not work.exists() and not out.exists()
+
+
+def test_a_key_written_twice_in_the_plan_file_is_refused_by_line(tmp_path):
+    path = tmp_path / "plan.yaml"
+    text = (ROOT / PLANS[0]).read_text()
+    path.write_text(text + "seeds: [0, 1]\n")  # the last would silently win
+    with pytest.raises(PlanError, match=re.escape(f"{path}:") + r"\d+: field 'seeds' appears twice"):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [("name: x\n? [a]\n: 1\n", ":2: not valid YAML (found unhashable key)"),
+     ("name: [x\n", ":2: not valid YAML ("), (None, ": No such file or directory")],
+    ids=["unhashable-key", "unclosed", "missing"],
+)  # fmt: skip
+def test_a_plan_file_that_is_not_yaml_is_one_line(text, says, tmp_path, capsys):
+    path = tmp_path / "plan.yaml"
+    if text is not None:
+        path.write_text(text)
+    assert launch_main([str(path), "report"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}{says}"), err
+
+
+def test_the_report_keys_the_plan_accepts_are_the_section_functions_arguments():
+    import inspect
+
+    from launch import plan as plan_module
+    from launch import report as report_module
+
+    for kind in plan_module.SECTION_KINDS:  # what section() passes to each function by the plan's keys
+        params = set(inspect.signature(getattr(report_module, kind)).parameters) - {"lx", "fixed"}
+        assert params == set(plan_module.SECTION_ARGS.get(kind, ())), kind
 
 
 def test_train_refuses_a_draft_plan(tmp_path, capsys):
@@ -177,6 +253,17 @@ def test_train_runs_only_the_seeds_asked_and_refuses_seeds_not_in_the_plan(tmp_p
         "smollm2-S0-s5",
         "smollm2-S2-s5",
     ]
+
+
+@pytest.mark.parametrize(
+    "seeds, says", [("0,0", "--seeds: 0 appears twice"), ("0,x", "--seeds: 'x' is not a whole number")]
+)
+def test_train_refuses_seeds_that_repeat_or_are_not_numbers_in_one_line(seeds, says, tmp_path, capsys):
+    work, out = tmp_path / "w", tmp_path / "o"
+    argv = [PLANS[0], "train", "--smoke", "--seeds", seeds, "--work", str(work), "--out", str(out)]
+    assert launch_main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {says}"]
+    assert not work.exists() and not out.exists()
 
 
 def _seed_major(seeds: range) -> list[tuple[Path, str, int]]:

@@ -2,6 +2,8 @@
 
 import json
 import logging
+import re
+from pathlib import Path
 from unittest.mock import create_autospec
 
 import pytest
@@ -179,3 +181,55 @@ def test_offline_mode_stops_before_any_hub_call(run, api, monkeypatch):
     with pytest.raises(RuntimeError, match="HF_HUB_OFFLINE=0"):
         push(run, REPO, api=api)
     assert not api.method_calls
+
+
+def _link_outside(run, outside, where):
+    """A symlink in the run whose target is outside it (issue 61, class 3); returns the link."""
+    outside.mkdir()
+    if where == "file":
+        (outside / "secret.txt").write_text("not the run's\n")
+        link = run / "results" / "notes.jsonl"
+        link.symlink_to(outside / "secret.txt")
+    elif where == "folder":
+        (outside / "private").mkdir()
+        (outside / "private" / "key.txt").write_text("not the run's\n")
+        link = run / "step006" / "extra"
+        link.symlink_to(outside / "private", target_is_directory=True)
+    elif where == "checkpoint":  # the whole stepNNN/ elsewhere
+        link = run / "step006"
+        link.rename(outside / "step006")
+        link.symlink_to(outside / "step006", target_is_directory=True)
+    elif where == "run.json":
+        link = run / "run.json"
+        link.rename(outside / "run.json")
+        link.symlink_to(outside / "run.json")
+    else:  # a state's shard kept elsewhere (its bytes pass verification), through a relative link
+        link = run / "state006" / "shard-00000-of-00001.safetensors"
+        link.rename(outside / link.name)
+        link.symlink_to(Path("..") / ".." / outside.name / link.name)
+    return link
+
+
+@pytest.mark.parametrize("where", ["file", "folder", "checkpoint", "run.json", "state"])
+def test_a_symlink_to_outside_the_run_is_refused_by_name_and_nothing_is_sent(
+    where, run, api, tmp_path, capsys
+):
+    """Issue 61, class 3: `make push DRY_RUN=1` listed a link to outside the run, and upload_folder follows it."""
+    link = _link_outside(run, tmp_path / "outside", where)
+    before = tree_bytes(run)
+    with pytest.raises(SystemExit) as exit_:
+        main([str(run), "--repo", REPO, "--steps", "6", "--states", "--dry-run"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert exit_.value.code == 1 and len(lines) == 1 and lines[0].startswith(f"error: {link}: "), lines
+    assert "outside" in lines[0] and "DRY RUN" not in out
+    with pytest.raises(ValueError, match=re.escape(str(link))):
+        push(run, REPO, steps=[6], states=True, api=api)
+    assert not api.method_calls  # no repo made, not a byte sent
+    assert tree_bytes(run) == before  # the stale card not rewritten either
+
+
+def test_a_symlink_inside_the_run_is_pushed_as_its_file(run, api):
+    (run / "results" / "alias.jsonl").symlink_to("steps.jsonl")  # relative, to a file of the run
+    plan = push(run, REPO, steps=[6], api=api)
+    assert "results/alias.jsonl" in {item.path_in_repo for item in plan}

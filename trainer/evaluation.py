@@ -32,6 +32,7 @@ from accelerate import PartialState  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 from transformers import GenerationConfig, TrainerCallback  # noqa: E402
 
+from data.atomic import refused_write  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import SYSTEM_PROMPT, render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
@@ -655,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"step {step}: {summary} -> {out} [{time.perf_counter() - start:.1f}s]", flush=True)
             del model, llm
     except (OSError, ValueError, KeyError, StateError, RunDirError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {refused_write(err) or err}", file=sys.stderr)  # a read-only disk: path and reason
         return 1
     finally:
         stack.close()

@@ -39,9 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs trained at the same time")
     args = ap.parse_args(argv)
     arms = [a for a in args.arms.split(",") if a]
-    seeds = [int(s) for s in args.seeds.split(",") if s] or None
+    seeds = [s for s in args.seeds.split(",") if s] or None
     if len(arms) < 2:
         ap.error("--arms needs a control and at least one other arm")
+    if bad := [s for s in seeds or [] if not s.lstrip("-").isdigit()]:
+        print(f"error: --seeds: {bad[0]!r} is not a whole number", file=sys.stderr)
+        return 1
+    seeds = [int(s) for s in seeds] if seeds else None
+    for flag, values in (("--arms", arms), ("--seeds", seeds or [])):  # a repeat trains one run twice at once
+        if (dup := next((v for i, v in enumerate(values) if v in values[:i]), None)) is not None:
+            print(f"error: {flag}: {dup} appears twice", file=sys.stderr)
+            return 1
 
     plan = run_names(arms, seeds)
     queue = [(arm, name, a_extra) for arm in arms for name, a_extra in plan[arm]]

@@ -4,8 +4,9 @@ Every field of `CapGRPOConfig` (TRL's `GRPOConfig` + ours) and TRL's `ModelConfi
 recipe or overridden on the command line (`TrlParser`).
 
 Refusals (a bad field, a non-empty output_dir, a run directory another process holds, a resume that would
-not be exact, a broken state or checkpoint, a full disk) print one `error: ...` line and exit with status 1,
-before anything is written; `--debug` or CAPGRPO_DEBUG=1 shows the traceback instead. Ctrl-C prints one line
+not be exact, a broken state or checkpoint, a full, read-only or forbidden disk) print one `error: ...` line
+naming the path and exit with status 1, before anything is written; `--debug` or CAPGRPO_DEBUG=1 shows the
+traceback instead. Ctrl-C prints one line
 with the step reached and the resume command (status 130).
 """
 
@@ -30,7 +31,7 @@ from transformers.utils import logging
 from trl import ModelConfig, TrlParser, get_peft_config
 from trl.generation.vllm_generation import VLLMGeneration
 
-from data.atomic import DiskFullError, is_disk_full
+from data.atomic import DiskFullError, is_disk_full, refused_write
 from data.eval_sets import FIXED, HELDOUT, choose_eval_sets, heldout_pool_of
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
@@ -454,11 +455,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     except (*REFUSALS, OSError) as e:
         full = is_disk_full(e) and not isinstance(e, DiskFullError)  # a write outside our savers
-        if debug or not (isinstance(e, REFUSALS) or full):
+        # a read-only or forbidden run directory (the lock, run.json, a save): the path, not a traceback
+        refused = None if isinstance(e, REFUSALS) or full else refused_write(e)
+        if debug or not (isinstance(e, REFUSALS) or full or refused):
             raise
         if full:
             e = f"{e.filename or 'a file of the run'}: not written, the disk is full (free some space, then resume)"
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {refused or e}", file=sys.stderr)
         sys.exit(1)
 
 

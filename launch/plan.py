@@ -30,20 +30,20 @@ NESTED_KEYS = {
     "tasks.*": ("generator", "family", "levels", "size", "seed", "path", "sha256", "made_by"),
     "base_report.cells[]": CELL_KEYS,
     "base_report.rule.candidates": CELL_KEYS,
-    "eval": ("every", "sets"),
+    "eval": ("every", "steps", "sets"),
     "eval.sets.*": ("size", "samples", "from"),
     "primary": ("set", "step", "test", "alpha", "min_step"),
     "secondaries[]": ("set", "step", "cap", "test", "alpha"),
     "decomposition": ("lead_by_control_outcome", "per_arm_and_step"),
     "budget": ("train_s", "parallel", "gpus", "grace_s", "leader_s", "gpu_share", "memory_growth",
-               "drop_finished_weights"),
+               "drop_finished_weights", "mps", "share_step0"),
     "run_args": ("gpu", "smoke"),
 }  # fmt: skip
 # a report section's keys: these, and the arguments of its kind's function (launch/report.py `section`)
 SECTION_KEYS = ("kind", "heading", "level", "body_level", "launch")
 SECTION_ARGS = {"secondary": ("set", "step", "cap"), "outcome_by_seed": ("steps", "outcome"),
                 "reproduction": ("against", "eval_steps"), "seed_table": ("step",), "timing": ("run",),
-                "trajectory": ("seed",)}  # fmt: skip
+                "trajectory": ("seed",), "lease": ("launches",)}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -422,6 +422,11 @@ def trajectory(lx: Launch, fixed: str, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def lease(lx: Launch, launches: list[str]) -> str:
+    """The lease figures of these launch folders (under the plan's results) side by side (launch/lease.py)."""
+    return lease_table({name: lx.where / name for name in launches})
+
+
 def section(plan: Plan, where: Path, spec: dict) -> str:
     spec = dict(spec)
     kind, heading, level = spec.pop("kind"), spec.pop("heading", None), spec.pop("level", 3)
@@ -443,7 +448,7 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
         "seed_table": lambda: seed_table(lx, **spec),
         "timing": lambda: timing(lx, spec["run"], fixed),
         "trajectory": lambda: trajectory(lx, fixed, **spec),
-        "lease": lambda: lease_table({name: where / name for name in spec["launches"]}),
+        "lease": lambda: lease(lx, **spec),
     }
     assert sections.keys() == set(SECTION_KINDS), "launch/plan.py SECTION_KINDS names every section here"
     body = sections[kind]()

@@ -49,11 +49,11 @@ from rundir.run_json import (
 from rundir.state import StateError, put_back_replaced, remove_interrupted_saves
 from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
-from trainer.config import CapGRPOConfig, ConfigError, resume_changes
+from trainer.config import CapGRPOConfig, ConfigError, refuse_absurd_numbers, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer
-from trainer.micro_batch import MicroBatch
+from trainer.micro_batch import MicroBatch, longest_prompt
 from trainer.steps_log import StepsLog
 from trainer.stop_signal import StopOnSignal
 
@@ -81,6 +81,21 @@ def load_base_model(path: str, dtype: str | None = None):
         if "visual" in name:  # the vision tower rides along untouched: text-only RL never updates it
             p.requires_grad_(False)
     return model, arch
+
+
+def refuse_past_positions(args: CapGRPOConfig, model, tokenizer, problems, where: str) -> None:
+    """A prompt and its cap past the model's positions, refused by the cap's field before anything is written:
+    the model was not built for them (its position tables end there), and the run would end mid-way."""
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return
+    longest = longest_prompt(tokenizer, problems, args.system_prompt)
+    for name in ("max_completion_length", "eval_cap"):
+        if (cap := getattr(args, name)) is not None and longest + cap > limit:
+            raise ConfigError(
+                f"{name}: {cap} tokens after the longest prompt ({longest} tokens) need {longest + cap} "
+                f"positions, past max_position_embeddings {limit} of {where}"
+            )
 
 
 def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
@@ -315,6 +330,8 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     )
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
+    problems = [t["problem"] for t in tasks.values()]
+    refuse_past_positions(args, model, tokenizer, problems, model_args.model_name_or_path)
     spec = EvalSpec.from_config(args)
     grader = args.grader_pool()
     trainer = CapGRPOTrainer(
@@ -396,6 +413,7 @@ def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
 
 def train(argv: list[str] | None) -> None:
     args, model_args = parse(argv)
+    refuse_absurd_numbers(model_args)  # CapGRPOConfig's own fields are checked as it is built
     lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
     trainer = None
     try:

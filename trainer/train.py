@@ -399,8 +399,24 @@ def check_recipe(argv: list[str]) -> None:
         )
 
 
+def split_config_flag(argv: list[str]) -> list[str]:
+    """`--config=FILE` as `--config FILE`: TrlParser looks for the bare flag only, and argparse let the `=` form
+    through unread, so the run went on with the defaults and failed elsewhere. Given twice: refused (TrlParser
+    would read the first)."""
+    out = []
+    for arg in argv:
+        out += ["--config", arg.removeprefix("--config=")] if arg.startswith("--config=") else [arg]
+    if out.count("--config") > 1:
+        raise CommandLineError(
+            "--config: given more than once (one recipe per run; override fields with flags)"
+        )
+    if "--config" in out and out[out.index("--config") + 1 :][:1] == [""]:
+        raise CommandLineError("--config: expected a recipe file")
+    return out
+
+
 def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = split_config_flag(list(sys.argv[1:] if argv is None else argv))
     check_recipe(argv)
     try:
         return RecipeParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)

@@ -42,6 +42,7 @@ from rundir.run_json import RunDirError, read_run_json  # noqa: E402
 from rundir.state import StateError  # noqa: E402
 from rundir.step import verify_step  # noqa: E402
 from trainer import sharding  # noqa: E402
+from trainer.chunked_gated_delta import torch_on_cpu  # noqa: E402
 from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
 from trainer.cpu_generation import compact_decoding  # noqa: E402
 from trainer.generation import (  # noqa: E402
@@ -474,6 +475,7 @@ def load_checkpoint(path: Path, device: str):
     if cls is None:
         raise ValueError(f"{config_file}: 'architectures' {names!r} names no transformers class")
     model = cls.from_pretrained(path, dtype=torch.bfloat16).to(device)  # the stored (bf16) values
+    torch_on_cpu(model)  # fla installed: its Triton kernels for CUDA tensors only (`--device cpu`)
     return as_checkpoint(model), transformers.AutoTokenizer.from_pretrained(path)
 
 

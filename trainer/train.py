@@ -49,6 +49,7 @@ from rundir.run_json import (
 from rundir.state import StateError, put_back_replaced, remove_interrupted_saves
 from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
+from trainer.chunked_gated_delta import torch_on_cpu
 from trainer.config import CapGRPOConfig, ConfigError, refuse_absurd_numbers, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec
 from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
@@ -77,6 +78,7 @@ def load_base_model(path: str, dtype: str | None = None):
     arch = (config.architectures or ["AutoModelForCausalLM"])[0]
     torch_dtype = getattr(torch, dtype) if dtype not in (None, "auto") else "auto"
     model = getattr(transformers, arch).from_pretrained(path, dtype=torch_dtype)
+    torch_on_cpu(model)  # fla installed: its Triton kernels for CUDA tensors only
     for name, p in model.named_parameters():
         if "visual" in name:  # the vision tower rides along untouched: text-only RL never updates it
             p.requires_grad_(False)

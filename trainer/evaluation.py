@@ -53,6 +53,7 @@ from trainer.generation import (  # noqa: E402
     eval_mode,
     generate_call,
 )
+from trainer.micro_batch import longest_prompt  # noqa: E402
 
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
@@ -479,6 +480,23 @@ def load_checkpoint(path: Path, device: str):
     return as_checkpoint(model), transformers.AutoTokenizer.from_pretrained(path)
 
 
+def refuse_past_positions(
+    model_config, tokenizer, problems, system: str, caps: dict, where: str, error=ValueError
+):
+    """A prompt and its cap past the model's positions, refused by the cap's name (`caps`: {name: cap}) before
+    anything is written: the model was not built for them (its position tables end there)."""
+    limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return
+    longest = longest_prompt(tokenizer, problems, system)
+    for name, cap in caps.items():
+        if cap is not None and longest + cap > limit:
+            raise error(
+                f"{name}: {cap} tokens after the longest prompt ({longest} tokens) need {longest + cap} "
+                f"positions, past max_position_embeddings {limit} of {where}"
+            )
+
+
 def load_eval_tasks(run: Mapping, run_dir: Path) -> dict[str, list[dict]]:
     """The recorded eval sets, resolved against the snapshot pinned in run.json (sha256 verified)."""
     snap = run.get("snapshot") or {}
@@ -582,6 +600,9 @@ def main(argv: list[str] | None = None) -> int:
                     eos = eos_token_ids(tokenizer, _generation_config(model_dir))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
+                problems = [t["problem"] for tasks in tasks_by_set.values() for t in tasks]
+                caps = {"--cap": spec.cap}  # vLLM refuses a cap past the model's length itself
+                refuse_past_positions(model.config, tokenizer, problems, spec.system_prompt, caps, path)
             rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
             cap_suffix = spec.cap if spec.cap != run_spec.cap else None
             out = write_eval(args.run_dir, step, rows, cap_suffix)

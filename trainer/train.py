@@ -51,10 +51,10 @@ from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsave
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.chunked_gated_delta import torch_on_cpu
 from trainer.config import CapGRPOConfig, ConfigError, refuse_absurd_numbers, resume_changes
-from trainer.evaluation import EvalCallback, EvalSpec
+from trainer.evaluation import EvalCallback, EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer
-from trainer.micro_batch import MicroBatch, longest_prompt
+from trainer.micro_batch import MicroBatch
 from trainer.steps_log import StepsLog
 from trainer.stop_signal import StopOnSignal
 
@@ -83,21 +83,6 @@ def load_base_model(path: str, dtype: str | None = None):
         if "visual" in name:  # the vision tower rides along untouched: text-only RL never updates it
             p.requires_grad_(False)
     return model, arch
-
-
-def refuse_past_positions(args: CapGRPOConfig, model, tokenizer, problems, where: str) -> None:
-    """A prompt and its cap past the model's positions, refused by the cap's field before anything is written:
-    the model was not built for them (its position tables end there), and the run would end mid-way."""
-    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    if not limit:
-        return
-    longest = longest_prompt(tokenizer, problems, args.system_prompt)
-    for name in ("max_completion_length", "eval_cap"):
-        if (cap := getattr(args, name)) is not None and longest + cap > limit:
-            raise ConfigError(
-                f"{name}: {cap} tokens after the longest prompt ({longest} tokens) need {longest + cap} "
-                f"positions, past max_position_embeddings {limit} of {where}"
-            )
 
 
 def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
@@ -333,7 +318,16 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
     problems = [t["problem"] for t in tasks.values()]
-    refuse_past_positions(args, model, tokenizer, problems, model_args.model_name_or_path)
+    caps = {"max_completion_length": args.max_completion_length, "eval_cap": args.eval_cap}
+    refuse_past_positions(
+        model.config,
+        tokenizer,
+        problems,
+        args.system_prompt,
+        caps,
+        model_args.model_name_or_path,
+        ConfigError,
+    )
     spec = EvalSpec.from_config(args)
     grader = args.grader_pool()
     trainer = CapGRPOTrainer(

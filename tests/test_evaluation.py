@@ -391,6 +391,13 @@ def test_make_eval_at_a_cap_past_the_models_positions_is_one_line_and_writes_not
     assert sorted(run_dir.rglob("*")) == before
 
 
+@pytest.mark.parametrize("field, value", [("temperature", "nan"), ("temperature", "inf"), ("top_p", "nan")])
+def test_a_non_finite_sampling_setting_is_refused(field, value):
+    """`make eval --temperature inf` (argparse's float takes it): refused as the spec is made (issue 61)."""
+    with pytest.raises(ValueError, match="eval spec: need temperature > 0 and 0 < top_p <= 1"):
+        replace(SPEC, **{field: float(value)})
+
+
 def test_standalone_evaluation_defaults_to_the_runs_device(monkeypatch):
     """`make eval` on a GPU machine: a use_cpu run's training-time rows are CPU rows, so its standalone
     evaluation runs on the CPU too (on the H200 a CUDA default made them differ and `write_eval` refuse)."""

@@ -83,7 +83,7 @@ class EvalSpec:
     def __post_init__(self):
         if self.cap < 1 or self.batch_size < 1:
             raise ValueError(f"eval spec: cap and batch_size must be >= 1, got {self.cap}, {self.batch_size}")
-        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+        if not 0 < self.temperature < float("inf") or not 0 < self.top_p <= 1:  # NaN fails both
             raise ValueError(f"eval spec: need temperature > 0 and 0 < top_p <= 1, got {self}")
         if self.generation not in BACKENDS:
             raise ValueError(f"eval spec: generation must be one of {BACKENDS}, got {self.generation!r}")

@@ -153,7 +153,10 @@ KERNEL_BOUND = (NAME, "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "c
 
 
 def _input_device(args, kwargs) -> str | None:
-    return next((a.device.type for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+    for a in (*args, *kwargs.values()):  # a plain loop, as transformers' own check: traced by torch.compile
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return None
 
 
 def _torch_on_cpu(bound, reference):

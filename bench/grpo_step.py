@@ -84,7 +84,7 @@ from rewards.outcome import Outcome  # noqa: E402
 from rewards.reward import OutcomeReward  # noqa: E402
 from trainer import generation  # noqa: E402
 from trainer.checkpoint import save_state_dir, save_weights  # noqa: E402
-from trainer.chunked_gated_delta import FLA  # noqa: E402
+from trainer.chunked_gated_delta import FLA, torch_on_cpu  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.cpu_adamw import CPUAdamW  # noqa: E402
 from trainer.evaluation import EvalSpec, generate_eval  # noqa: E402
@@ -245,6 +245,7 @@ def random_qwen35(a, tokenizer, device: torch.device) -> Qwen3_5ForConditionalGe
             p.requires_grad_(False)  # as load_base_model does: text-only RL never updates the vision tower
     eos = [tokenizer.eos_token_id, *stop_tokens(a, len(tokenizer))]
     model.generation_config = sampling_config(eos, tokenizer.pad_token_id)
+    torch_on_cpu(model)  # as load_base_model does: with fla installed, CPU tensors take the torch reference
     return model
 
 

@@ -48,13 +48,18 @@ NO_REWARD = Treatment(loss=True, normaliser=True, baseline=False)  # advantage 0
 DROPPED = Treatment(loss=False, normaliser=False, baseline=False)  # indeterminate, every policy
 
 
+# Where the seed's policies come from, as cards cite it: what their reader can open (the team's SPEC.md is in
+# no clone and on no Hub repo)
+SEED_SOURCE = "the experiment card sn120-exp019-S2, restated in capgrpo's docs/behaviour.md (Cap policies)"
+
+
 @dataclass(frozen=True)
 class CapPolicy:
     id: str
     truncated: Treatment
     format_rejected: Treatment
     gate: str  # key of GATES
-    source: str = "SPEC §3"
+    source: str = SEED_SOURCE
     failure_reward: float = 0.0  # of wrong and unresolved; correct earns 1 (DAPO scores failures -1)
     # DAPO's soft overlong punishment, added to every reward: -factor × (length - (cap - buffer)) / buffer
     # inside the last `buffer` tokens before the cap, 0 before them. Factor 0: off.

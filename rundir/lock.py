@@ -109,19 +109,40 @@ class RunLock:
 
 
 def _holder_pid(fd: int, wait_s: float = 1.0) -> int | None:
-    """The holder's pid, waiting a moment for it: a holder writes it right after its flock, and a refusal read
-    in between would say "pid ?"."""
+    """The holder's pid, waiting a moment for it: a holder writes it right after its flock, so a refusal read in
+    between finds no pid ("pid ?") or, where the holder took over a dead run's lock, the dead pid still in the
+    file. A pid of this host that no longer runs is that stale line: read again until the live holder's is
+    there (another host's pids cannot be checked from here, and are taken as read)."""
     deadline = time.monotonic() + wait_s
-    while (pid := _read_pid(fd)) is None and time.monotonic() < deadline:
+    while True:
+        pid, host = _read_holder(fd)
+        live = pid is not None and (host not in (None, socket.gethostname()) or _running(pid))
+        if live or time.monotonic() >= deadline:
+            return pid if live else None
         time.sleep(0.01)
-    return pid
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: nothing sent, only whether the pid exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _read_holder(fd: int) -> tuple[int | None, str | None]:
+    """(pid, host) of the line `pid host:token`; (None, None) where it is empty or unreadable."""
+    try:
+        fields = os.pread(fd, 128, 0).decode().split()
+        return int(fields[0]) or None, fields[1].rpartition(":")[0] if len(fields) > 1 else None
+    except (OSError, ValueError, IndexError):
+        return None, None
 
 
 def _read_pid(fd: int) -> int | None:
-    try:
-        return int((os.pread(fd, 128, 0).decode().split() or ["0"])[0]) or None
-    except (OSError, ValueError):
-        return None
+    return _read_holder(fd)[0]
 
 
 def require_shared(run_dir: Path | str) -> None:

@@ -46,7 +46,13 @@ def code_commit() -> dict:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    write_atomic(path, (json.dumps(obj, indent=2) + "\n").encode())
+    """Strict JSON only: a NaN or infinity is refused before a byte is written (`NaN` is no JSON value, and
+    strict readers of run.json refuse the file)."""
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=False)
+    except ValueError as e:
+        raise RunDirError(f"{path}: not written: {e}") from None
+    write_atomic(path, (text + "\n").encode())
 
 
 def write_run_json(

@@ -133,6 +133,10 @@ def test_entries_resolve_from_every_form():
             "callbacks: tests.callback_examples:StopAtStep: missing",
         ),
         ({"trl.BEMACallback": [2]}, "callbacks: trl.BEMACallback: keyword arguments must be a mapping"),
+        (
+            'trl.BEMACallback={"update_freq": NaN}',
+            "callbacks: trl.BEMACallback: keyword arguments are not JSON (NaN is not a JSON number)",
+        ),
     ],
 )
 def test_an_entry_that_cannot_be_imported_or_built_is_refused_by_name(entry, says):
@@ -170,6 +174,32 @@ def test_a_refused_entry_is_one_line_before_the_model_loads(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and err[-1].startswith("error: callbacks: my_pkg.nowhere:MyCallback: cannot be")
     assert "Traceback" not in "\n".join(err) and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "source, says",
+    [
+        ('raise RuntimeError("no GPU here\\nsecond line")', "(RuntimeError: no GPU here second line)"),
+        ("def broken(:\n", "(SyntaxError: "),
+        ("import os\nos.environ['CAPGRPO_NO_SUCH']  # KeyError at import\n", "(KeyError: 'CAPGRPO_NO_SUCH')"),
+    ],
+    ids=["runtime-error", "syntax-error", "key-error"],
+)
+def test_a_callback_module_raising_at_import_is_one_line_naming_it(
+    tmp_path, monkeypatch, capsys, source, says
+):
+    """Anything a user's module raises at import, not only ImportError, is the entry's refusal (issue 61)."""
+    (tmp_path / "raising_cb.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    argv = ["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(out), "--report_to", "none",
+            "--callbacks", "raising_cb:MyCallback"]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        train.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: callbacks: raising_cb:MyCallback: cannot be imported " + says), err
+    assert not out.exists()
 
 
 def test_a_resume_refuses_a_callback_whose_state_is_not_saved():

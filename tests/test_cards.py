@@ -205,6 +205,20 @@ def test_changes_from_the_control_follow_the_policy_table(tmp_path, arm, expecte
         assert "Qualification gate" not in text
 
 
+@pytest.mark.parametrize("arm", sorted(ARMS))
+def test_cards_cite_a_source_their_reader_can_open(tmp_path, arm):
+    """The seed's policies come from its experiment card, restated in docs/behaviour.md: the team's SPEC.md is
+    in no clone and on no Hub repo, so a card never cites it."""
+    run = make_run(tmp_path, arm)
+    for text in (
+        ModelCard.load(write_run_card(run)).text,
+        ModelCard.load(write_checkpoint_card(run, 4)).text,
+    ):
+        assert "SPEC" not in text
+        assert "sn120-exp019-S2" in text and "docs/behaviour.md" in text
+    assert (Path(__file__).parent.parent / "docs" / "behaviour.md").is_file()
+
+
 def test_run_card_sections_and_best_checkpoint(run):
     card = ModelCard.load(write_run_card(run))
     acc = {s: accuracy(rows_of(run, s), "heldout300") for s in (2, 4, 6)}

@@ -112,7 +112,17 @@ def test_packed_sequences_are_refused():
         chunked_gated_delta_rule(*xs[:3], g=xs[3], beta=xs[4], cu_seqlens=torch.tensor([0, 8, 16]))
 
 
-def test_the_block_puts_ours_in_the_model_forward_and_restores_transformers():
+@pytest.fixture
+def without_fla(monkeypatch):
+    """A machine without fla, where the block runs ours. With fla installed transformers binds fla's rule and the
+    block steps aside, asked for or not (tests/test_run_settings.py), so these tests pin the flag."""
+    from trainer import chunked_gated_delta, config
+
+    monkeypatch.setattr(chunked_gated_delta, "FLA", False)
+    monkeypatch.setattr(config, "FLA", False)
+
+
+def test_the_block_puts_ours_in_the_model_forward_and_restores_transformers(without_fla):
     class Args:
         hidden, layers, intermediate, vocab, p_ended, cap, seed = 32, 4, 64, 300, 0, 8, 0
 
@@ -139,7 +149,7 @@ def test_the_block_puts_ours_in_the_model_forward_and_restores_transformers():
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
-def test_the_trainer_loss_passes_run_ours_when_the_config_says(tmp_path, monkeypatch):
+def test_the_trainer_loss_passes_run_ours_when_the_config_says(tmp_path, monkeypatch, without_fla):
     """`chunked_gated_delta: true` (the GPU default; CPU runs keep transformers') puts ours in every training
     forward of a step, and the step's loss and gradient norm match transformers' rule's within float32."""
     from tests.scripted import make_trainer, tiny_random_model
@@ -167,7 +177,7 @@ def test_the_trainer_loss_passes_run_ours_when_the_config_says(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_compiled_terms_give_ours_at_every_length_without_compiling_per_length():
+def test_compiled_terms_give_ours_at_every_length_without_compiling_per_length(without_fla):
     # compile_gated_delta_terms: the chunk-parallel part compiled dynamic in the chunk count (the chunk loop
     # stays eager), so new row lengths do not compile again. The first call's sizes can collide (torch's duck
     # sizing: a chunk count equal to another dimension), which costs one recompile, never one per length.

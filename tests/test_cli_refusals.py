@@ -53,6 +53,33 @@ def test_a_bad_command_line_is_one_line_exit_2_and_writes_nothing(recipe, argv, 
     assert not out.exists()
 
 
+def test_config_with_equals_is_the_recipe_as_with_a_space(tmp_path):
+    """`--config=FILE` was let through unread (TrlParser looks for the bare flag): the run took the defaults."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE.read_text().replace("max_steps: 20", "max_steps: 7"))
+    spaced = train.parse(["--config", str(recipe), "--output_dir", str(tmp_path / "a")])
+    joined = train.parse([f"--config={recipe}", "--output_dir", str(tmp_path / "a")])
+    assert joined[0].max_steps == spaced[0].max_steps == 7
+    assert joined[1].model_name_or_path == spaced[1].model_name_or_path == "embedded/base"
+    assert joined[0].to_dict() == spaced[0].to_dict()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--config={tmp}/none.yaml"], "none.yaml: cannot read the recipe (No such file or directory)"),
+        (["--config="], "--config: expected a recipe file"),
+        (["--config=RECIPE", "--config", "RECIPE"], "--config: given more than once"),
+    ],
+    ids=["missing", "empty", "twice"],
+)
+def test_config_with_equals_is_refused_as_with_a_space(argv, says, tmp_path, capsys):
+    argv = [a.replace("{tmp}", str(tmp_path)).replace("RECIPE", str(RECIPE)) for a in argv]
+    line = _refused([*argv, "--output_dir", str(tmp_path / "run")], capsys)
+    assert says in line
+    assert not (tmp_path / "run").exists()
+
+
 def test_every_shipped_recipe_passes_the_key_check():
     for recipe in sorted(ROOT.glob("configs/*.yaml")):
         train.check_recipe(["--config", str(recipe)])  # refuses by raising

@@ -1,9 +1,13 @@
 """Config validation up front (issue 15, item 6): a bad value is refused by our field's name in one
 `error: ...` line, before any file is written or the model is loaded."""
 
-import pytest
-from test_resume_refusals import ModelTouched, argv, inputs, refused  # noqa: F401  (inputs: a fixture)
+import json
 
+import pytest
+import yaml
+from test_resume_refusals import REPO, ModelTouched, argv, inputs, refused  # noqa: F401  (inputs: a fixture)
+
+from rundir.run_json import RunDirError, update_run_json, write_json_atomic
 from trainer import train
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 
@@ -81,3 +85,84 @@ def test_an_unknown_nonfinite_gradient_policy_is_refused_by_name():
     assert (
         CapGRPOConfig(output_dir="/tmp/unused", report_to="none", use_cpu=True).nonfinite_gradient == "stop"
     )
+
+
+# --- issue 61, class 1: non-finite and absurd numbers, from a recipe or the command line ---------------------
+NAN, INF = float("nan"), float("inf")
+BEMA = "trl.BEMACallback"
+NOT_FINITE = [
+    ({"max_steps": NAN}, [], "max_steps: must be a finite number, got nan"),
+    ({"max_steps": INF}, [], "max_steps: must be a finite number, got inf"),
+    ({"learning_rate": NAN}, [], "learning_rate: must be a finite number, got nan"),
+    ({"max_steps": 1.0e20}, [], "max_steps: must be an integer, got 1e+20"),
+    ({"temperature": -INF}, [], "temperature: must be a finite number, got -inf"),
+    ({"max_grad_norm": NAN}, [], "max_grad_norm: must be a finite number, got nan"),
+    ({"lora_dropout": NAN}, [], "lora_dropout: must be a finite number, got nan"),  # ModelConfig's
+    ({"callbacks": [{BEMA: {"update_freq": NAN}}]}, [], f"callbacks[0].{BEMA}.update_freq: must be a finite"),
+    (
+        {"arm": "X", "arms": {"X": {"policy_id": "stop-properly-penalty-v1", "groups_per_step": 8,
+                                    "policy_params": {"truncation_reward": NAN}}}},
+        [], "arms.X.policy_params.truncation_reward: must be a finite number, got nan",
+    ),
+    ({}, ["--learning_rate", "nan"], "learning_rate: must be a finite number, got nan"),
+    ({}, ["--grader_timeout_s", "inf"], "grader_timeout_s: must be a finite number, got inf"),
+    ({}, ["--max_steps", "100000000000000000000"], "max_steps: 100000000000000000000 does not fit in a 64-bit"),
+    ({}, ["--max_steps", "2000000000"], "max_steps: at most 1,000,000,000 steps, got 2,000,000,000"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("recipe, flags, message", NOT_FINITE)
+def test_non_finite_and_absurd_numbers_are_one_line_naming_the_field(
+    inputs,  # noqa: F811
+    capsys,
+    tmp_path,
+    recipe,
+    flags,
+    message,
+):
+    """YAML's `.nan`/`.inf` reach the dataclass unconverted (argparse converts only strings) and `x <= 0` lets
+    NaN through: before, a traceback and a run.json holding NaN. Now one line, exit 1, nothing written."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text(
+        yaml.safe_dump({**yaml.safe_load((REPO / "configs/embedded.yaml").read_text()), **recipe})
+    )
+    command = argv(inputs, *flags)
+    command[command.index("--config") + 1] = str(path)
+    with pytest.raises(SystemExit) as exit_:
+        train.main(command)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 1 and len(err) == 1, err
+    assert err[0].startswith("error: ") and message in err[0], err
+    assert not inputs["run"].exists()  # no run directory, so no run.json
+
+
+@pytest.mark.parametrize("field", ["max_completion_length", "eval_cap"])
+def test_a_cap_past_the_models_positions_is_refused_before_run_json(tmp_path, capsys, monkeypatch, field):
+    """The embedded base has 2048 positions; 2040 tokens after any prompt do not fit. Refused by the field once
+    the model's config is known, before the trainer is built and run.json written."""
+
+    def built(*args, **kwargs):
+        raise ModelTouched("the trainer was built")
+
+    monkeypatch.setattr(train, "CapGRPOTrainer", built)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_:
+        train.main(["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(run), "--report_to",
+                    "none", f"--{field}", "2040"])  # fmt: skip
+    err = capsys.readouterr().err.strip().splitlines()  # above the line: the weights' loading bar
+    assert exit_.value.code == 1 and "Traceback" not in "\n".join(err), err
+    assert err[-1].startswith(f"error: {field}: 2040 tokens after the longest prompt (")
+    assert "past max_position_embeddings 2048 of embedded/base" in err[-1]
+    assert not run.exists()
+
+
+def test_run_json_is_strict_json(tmp_path):
+    """No NaN or Infinity can land in run.json: strict readers (JSON.parse, jq) refuse the file."""
+    run = tmp_path / "run"
+    run.mkdir()
+    write_json_atomic(run / "run.json", {"arm": "S2"})
+    for bad in (NAN, INF):
+        with pytest.raises(RunDirError, match=r"run\.json: not written: Out of range float values"):
+            update_run_json(run, best_step={"set": "heldout300", "step": 2, "accuracy": bad})
+    assert json.loads((run / "run.json").read_text(), parse_constant=pytest.fail) == {"arm": "S2"}
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # no temp file left either

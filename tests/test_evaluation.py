@@ -358,6 +358,46 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
     assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # snapshot verified
 
 
+def test_make_eval_at_a_cap_past_the_models_positions_is_one_line_and_writes_nothing(
+    tmp_path, tiny_base, capsys, monkeypatch
+):
+    """Issue 61, class 1 on `make eval`: the embedded base has 2048 positions; --cap 2040 after a prompt does not
+    fit. Refused by the flag once the checkpoint's config is known, before anything is generated or written."""
+    from trainer import evaluation
+
+    def generated(*args, **kwargs):
+        raise AssertionError("generation started")
+
+    monkeypatch.setattr(evaluation, "run_eval", generated)
+    model, tok = load_checkpoint(tiny_base, "cpu")
+    run_dir = tmp_path / "run"
+    model.save_pretrained(run_dir / "step005")
+    tok.save_pretrained(run_dir / "step005")
+    write_manifest(run_dir / "step005")
+    snapshot = tmp_path / "tiny.tasks.json"
+    write_snapshot(TASKS, snapshot)
+    run = {
+        "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
+        "base_model": str(tiny_base),
+        "eval_sets": {name: [t["id"] for t in tasks] for name, tasks in TASKS_BY_SET.items()},
+        "eval": replace(SPEC, cap=40).to_json(),
+    }
+    (run_dir / "run.json").write_text(json.dumps(run))
+    before = sorted(run_dir.rglob("*"))
+    assert main([str(run_dir), "--steps", "5", "--cap", "2040", "--backend", "eager", "--device", "cpu"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --cap: 2040 tokens after the longest prompt ("), err
+    assert "past max_position_embeddings 2048 of " in err[-1] and "Traceback" not in "\n".join(err)
+    assert sorted(run_dir.rglob("*")) == before
+
+
+@pytest.mark.parametrize("field, value", [("temperature", "nan"), ("temperature", "inf"), ("top_p", "nan")])
+def test_a_non_finite_sampling_setting_is_refused(field, value):
+    """`make eval --temperature inf` (argparse's float takes it): refused as the spec is made (issue 61)."""
+    with pytest.raises(ValueError, match="eval spec: need temperature > 0 and 0 < top_p <= 1"):
+        replace(SPEC, **{field: float(value)})
+
+
 def test_standalone_evaluation_defaults_to_the_runs_device(monkeypatch):
     """`make eval` on a GPU machine: a use_cpu run's training-time rows are CPU rows, so its standalone
     evaluation runs on the CPU too (on the H200 a CUDA default made them differ and `write_eval` refuse)."""

@@ -3,17 +3,23 @@ fla's Triton kernel needs CUDA, so here a stand-in with fla's documented contrac
 bias [D], activation 'silu' or None -> (y [B, T, D], final state)) computes the causal conv tap by tap; the model's
 logits and gradients must be those of transformers' own conv, and the module's function must come back after."""
 
+import functools
 import importlib.util
+import inspect
 import sys
 import types
 from argparse import Namespace
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bench.grpo_step import padded_tokenizer, random_qwen35
+from trainer import chunked_gated_delta
 from trainer import fla_conv as module
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def taps(x, weight, bias=None, activation=None, **kwargs):
@@ -39,11 +45,6 @@ def fake_fla(monkeypatch):
 
 
 REAL_FLA = importlib.util.find_spec("fla") is not None
-# with fla installed transformers binds fla's gated delta rule for CPU tensors too, and its Triton kernels fail
-# there: the stand-in's CPU tests need a machine without fla (the kernel's own test below needs one with it)
-needs_no_fla = pytest.mark.skipif(
-    REAL_FLA, reason="fla installed: Qwen3.5 forwards on a CPU run fla's CUDA rule"
-)
 
 
 def forward_backward(model, ids, on: bool):
@@ -54,7 +55,6 @@ def forward_backward(model, ids, on: bool):
     return logits.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-@needs_no_fla
 def test_the_layers_run_fla_conv_with_transformers_numbers_and_get_theirs_back(fake_fla):
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
@@ -85,7 +85,6 @@ def test_without_fla_the_block_leaves_the_model_alone(monkeypatch):
 
 
 @pytest.mark.slow
-@needs_no_fla
 def test_the_trainer_loss_passes_run_fla_conv_when_the_backends_say(tmp_path, monkeypatch, fake_fla):
     """run.json's `fla_conv` (on by default where fla and CUDA are) puts fla's conv in every training forward of a
     step, and the step's loss and gradient norm are transformers' conv's."""
@@ -135,3 +134,66 @@ def test_fla_kernel_gives_transformers_conv_in_bf16_on_cuda(length):
         assert got.shape == want.shape
         scale = want.abs().max().clamp_min(1.0)
         assert (got - want).abs().max() / scale <= 3 * 2**-8, (got - want).abs().max() / scale
+
+
+# --- issue 61, class 8: CPU models where fla is installed ----------------------------------------------------
+# what transformers' Qwen3.5 layers call by name, each bound to fla's (or causal-conv1d's) kernel when it imports
+KERNEL_NAMES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                "causal_conv1d_update")  # fmt: skip
+
+
+@pytest.fixture
+def fla_bound_on_every_device(monkeypatch):
+    """transformers 5.17 with fla installed: each name bound to fla's kernel whatever the inputs' device (5.25
+    checks the device itself, so the lock's transformers alone would not show it). The stand-in fails on CPU
+    tensors as fla's Triton kernels do there, and records every call with its inputs' device."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    calls = []
+    for name in KERNEL_NAMES:
+
+        def fla_kernel(*args, _name=name, **kwargs):
+            tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+            calls.append((_name, tensors[0].device.type))
+            raise RuntimeError("0 active drivers ([]). There should only be one.")  # Triton without a GPU
+
+        reference = inspect.unwrap(getattr(modeling_qwen3_5, name))  # transformers' torch function
+        monkeypatch.setattr(modeling_qwen3_5, name, functools.wraps(reference)(fla_kernel))
+    monkeypatch.setattr(chunked_gated_delta, "FLA", True)
+    return modeling_qwen3_5, calls
+
+
+def _loaded(how: str):
+    from trainer import evaluation, train
+
+    if how == "make train":
+        return train.load_base_model(str(ROOT / "embedded/base"), "float32")[0]
+    if how == "make eval --device cpu":
+        return evaluation.load_checkpoint(ROOT / "embedded/base", "cpu")[0]
+    a = Namespace(hidden=32, layers=4, intermediate=64, vocab=300, seed=0, p_ended=0, cap=8)
+    return random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu"))  # the bench's and tests' model
+
+
+@pytest.mark.parametrize("how", ["make train", "make eval --device cpu", "bench"])
+def test_with_fla_bound_on_every_device_cpu_models_run_transformers_torch_reference(
+    fla_bound_on_every_device, monkeypatch, how
+):
+    """A CPU forward and generation of a Qwen3.5 model (the embedded default, as `make train` and `make eval`
+    load it) never reach fla's kernels, and give transformers' torch reference's numbers; tensors on another
+    device still go to fla's kernel (a GPU model in the same process keeps it)."""
+    modeling, calls = fla_bound_on_every_device
+    model = _loaded(how).eval()
+    ids = torch.tensor([[5, 17, 42, 8, 99, 23, 7, 64, 3, 11]])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits  # the scoring/training pass: chunked rule and conv
+        tokens = model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)  # decode: recurrent, update
+    assert calls == []
+    q = torch.zeros(1, 3, 2, 4, device="meta")
+    with pytest.raises(RuntimeError, match="active drivers"):
+        getattr(modeling, KERNEL_NAMES[0])(q, q, q, g=q[..., 0], beta=q[..., 0])
+    assert calls == [(KERNEL_NAMES[0], "meta")]
+    for name in KERNEL_NAMES:  # transformers' torch functions themselves, for the numbers
+        monkeypatch.setattr(modeling, name, inspect.unwrap(getattr(modeling, name)))
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, logits)
+        assert torch.equal(model.generate(input_ids=ids, max_new_tokens=4, do_sample=False), tokens)

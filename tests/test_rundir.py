@@ -5,6 +5,8 @@ import errno
 import json
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -221,6 +223,72 @@ def test_two_launches_on_a_new_directory_leave_one_winner_a_named_holder_and_no_
         assert got[-1] == "won", got  # at least one won; both may, one after the other
         assert all(g == "won" or re.search(r"pid \d+, holding", g) for g in got), got
         assert not run.exists(), attempt  # the winner left it empty: removed, whoever made it
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()  # reaped: its pid names no process
+    return proc.pid
+
+
+def test_a_refusal_names_the_live_winner_not_the_dead_pid_it_took_over_from(tmp_path):
+    """Issue 61, class 7: a killed run's .lock holds a dead pid; the resume that won the flock has not written
+    its own yet when the loser reads the file. The loser must name the winner, not the dead pid."""
+    import fcntl
+    import socket
+    import threading
+
+    dead, run = _dead_pid(), tmp_path / "S2"
+    run.mkdir()
+    (run / LOCK_FILE).write_text(f"{dead} {socket.gethostname()}:0123abcd\n")  # what a SIGKILL leaves
+    fd = os.open(run / LOCK_FILE, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the winner, between its flock and its write
+    line = f"{os.getpid()} {socket.gethostname()}:4567ef01\n".encode()
+    writer = threading.Timer(0.2, lambda: os.pwrite(fd, line.ljust(len(str(dead)) + 30), 0))
+    writer.start()
+    try:
+        with pytest.raises(RunLockedError, match=rf"pid {os.getpid()}, holding"):
+            RunLock(run).acquire()
+    finally:
+        writer.join()
+        os.close(fd)
+
+
+def _resume_race(run: str, barrier, results) -> None:
+    barrier.wait()
+    try:
+        with RunLock(run):
+            time.sleep(0.05)
+        results.put(f"won {os.getpid()}")
+    except RunLockedError as e:
+        results.put(str(e))
+
+
+def test_two_resumes_racing_on_a_dead_runs_lock_name_the_winner(tmp_path):
+    """Issue 61, class 7, with real processes: the audit's loser named the dead pid in 147 of 150 races."""
+    import multiprocessing
+    import socket
+
+    ctx, dead = multiprocessing.get_context("fork"), _dead_pid()
+    for attempt in range(40):
+        run = tmp_path / f"r{attempt}" / "S2"
+        run.mkdir(parents=True)
+        (run / "run.json").write_text("{}")
+        (run / LOCK_FILE).write_text(f"{dead} {socket.gethostname()}:0123abcd\n")
+        barrier, results = ctx.Barrier(2), ctx.Queue()
+        procs = [ctx.Process(target=_resume_race, args=(str(run), barrier, results)) for _ in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        got = [results.get(timeout=5) for _ in procs]
+        winners = {int(g.split()[1]) for g in got if g.startswith("won ")}
+        assert winners, got
+        for g in got:
+            if not g.startswith("won "):
+                named = int(re.search(r"pid (\d+), holding", g).group(1))
+                assert named != dead and named in winners, (attempt, dead, got)
+        assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # the lock went with its last holder
 
 
 def test_a_directory_another_launch_made_is_removed_when_left_empty(tmp_path):

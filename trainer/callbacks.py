@@ -113,6 +113,10 @@ def state_kind(cls: type) -> str:
     return "unsaved"
 
 
+def _not_json(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_entry(entry: Any) -> tuple[str, dict]:
     """`"path"`, `"path={json kwargs}"` or `{"path": {kwargs}}` -> (path, kwargs)."""
     if isinstance(entry, dict) and len(entry) == 1:
@@ -120,9 +124,9 @@ def parse_entry(entry: Any) -> tuple[str, dict]:
         kwargs = {} if kwargs is None else kwargs
     elif isinstance(entry, str) and "=" in entry:
         path, _, text = entry.partition("=")
-        try:
-            kwargs = json.loads(text)
-        except json.JSONDecodeError as e:
+        try:  # NaN and Infinity are no JSON (and would land in run.json): refused like any bad value
+            kwargs = json.loads(text, parse_constant=_not_json)
+        except (json.JSONDecodeError, ValueError) as e:
             raise ConfigError(f"callbacks: {path}: keyword arguments are not JSON ({e})") from None
     elif isinstance(entry, str):
         path, kwargs = entry, {}
@@ -144,8 +148,9 @@ def import_class(path: str) -> type:
         obj = importlib.import_module(module_name)
         for part in attr.split("."):
             obj = getattr(obj, part)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"callbacks: {path}: cannot be imported ({type(e).__name__}: {e})") from None
+    except Exception as e:  # anything a module raises at import (RuntimeError, SyntaxError): the entry's
+        what = " ".join(f"{type(e).__name__}: {e}".split())[:300]  # one line, whatever the message holds
+        raise ConfigError(f"callbacks: {path}: cannot be imported ({what})") from None
     if not (isinstance(obj, type) and issubclass(obj, TrainerCallback)):
         raise ConfigError(f"callbacks: {path}: {obj!r} is not a transformers TrainerCallback class")
     return obj

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import inspect
 import sys
 from collections.abc import Iterator
 
@@ -144,3 +145,44 @@ def chunked_gated_delta(model, compiled_terms: bool = False) -> Iterator[None]:
         yield
     finally:
         setattr(module, NAME, reference)
+
+
+# What transformers' Qwen3.5 layers call by module name (5.17 and 5.2x), each of which its decorator binds to fla's
+# (or causal-conv1d's) kernel when that package imports; without it each is transformers' torch reference.
+KERNEL_BOUND = (NAME, "torch_recurrent_gated_delta_rule", "causal_conv1d_fn", "causal_conv1d_update")
+
+
+def _input_device(args, kwargs) -> str | None:
+    for a in (*args, *kwargs.values()):  # a plain loop, as transformers' own check: traced by torch.compile
+        if isinstance(a, torch.Tensor):
+            return a.device.type
+    return None
+
+
+def _torch_on_cpu(bound, reference):
+    """`bound` for inputs on an accelerator, transformers' torch `reference` for CPU tensors."""
+
+    @functools.wraps(bound)
+    def dispatch(*args, **kwargs):
+        if _input_device(args, kwargs) == "cpu":
+            return reference(*args, **kwargs)
+        return bound(*args, **kwargs)
+
+    dispatch.torch_on_cpu = True
+    return dispatch
+
+
+def torch_on_cpu(model) -> None:
+    """With fla installed, transformers (5.17; 5.25 checks the device itself) binds fla's Triton kernels whatever
+    the device of the inputs, and every forward of a Qwen3.5 model on the CPU fails in Triton. Here the model's
+    modeling module answers CPU tensors with transformers' own torch reference (what its decorator wraps) and
+    any other device with what transformers bound, call by call: a GPU model in the same process keeps fla's
+    kernels. Without fla, or for other architectures, nothing changes. Idempotent."""
+    module = modeling_module(model) if FLA else None
+    for name in KERNEL_BOUND if module is not None else ():
+        bound = getattr(module, name, None)
+        if bound is None or getattr(bound, "torch_on_cpu", False):
+            continue
+        reference = inspect.unwrap(bound)
+        if reference is not bound:  # the decorator's wrapper: unwrapped, transformers' torch function
+            setattr(module, name, _torch_on_cpu(bound, reference))

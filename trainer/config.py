@@ -1,7 +1,9 @@
 """`CapGRPOConfig`: TRL's `GRPOConfig` plus the fields of a cap-policy experiment (SPEC §3–6)."""
 
+import dataclasses
 import importlib.util
 import json
+import math
 import os
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -24,6 +26,37 @@ def vllm_installed() -> bool:
 
 class ConfigError(ValueError):
     """A recipe or command-line value we refuse; the message starts with the field's name."""
+
+
+INT_LIMIT = 2**63  # an integer field must fit in int64: torch, numpy and the RNGs take nothing wider
+MAX_STEPS = 10**9  # above this a run never ends (a step takes seconds at least): a typo, not a plan
+
+
+def refuse_absurd_numbers(config) -> None:
+    """Every field of a config dataclass (ours, TRL's, transformers'), nested lists and mappings included: NaN
+    and infinities, integers beyond int64, and a float (YAML's `.nan`, `1.0e+20`) in an int field are refused
+    by the field's name. A YAML recipe's numbers reach the dataclass unconverted, and `x <= 0` lets NaN through;
+    left in, NaN ends in a traceback mid-run and in run.json as `NaN`, which strict JSON readers refuse."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name, None)
+        _refuse_in(f.name, value)
+        if f.type in (int, int | None) and isinstance(value, float):
+            raise ConfigError(f"{f.name}: must be an integer, got {value!r}")
+
+
+def _refuse_in(name: str, value) -> None:
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{name}: must be a finite number, got {value!r}")
+    if isinstance(value, int) and not -INT_LIMIT <= value < INT_LIMIT:
+        raise ConfigError(f"{name}: {value} does not fit in a 64-bit integer")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_in(f"{name}.{key}", item)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _refuse_in(f"{name}[{i}]", item)
 
 
 @dataclass(frozen=True)
@@ -225,6 +258,7 @@ class CapGRPOConfig(GRPOConfig):
                 self.arms = json.loads(self.arms)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"arms: not a JSON mapping ({e})") from None
+        refuse_absurd_numbers(self)  # first: every check below compares numbers
         if self.use_vllm and not vllm_installed():
             # Recipes for the real run ask for vLLM; without it TRL's transformers generation is used.
             warnings.warn(
@@ -341,6 +375,8 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(
                 f"max_steps: must be positive (or -1 for num_train_epochs), got {self.max_steps!r}"
             )
+        if self.max_steps > MAX_STEPS:
+            raise ConfigError(f"max_steps: at most {MAX_STEPS:,} steps, got {self.max_steps:,}")
         if self.deterministic and self.use_vllm:  # its batched sampling depends on what else is in the batch
             raise ConfigError(
                 "deterministic: vLLM's generation is not repeatable run to run; set use_vllm: false"

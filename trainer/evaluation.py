@@ -43,6 +43,7 @@ from rundir.run_json import RunDirError, read_run_json  # noqa: E402
 from rundir.state import StateError  # noqa: E402
 from rundir.step import verify_step  # noqa: E402
 from trainer import sharding  # noqa: E402
+from trainer.chunked_gated_delta import torch_on_cpu  # noqa: E402
 from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
 from trainer.cpu_generation import compact_decoding  # noqa: E402
 from trainer.generation import (  # noqa: E402
@@ -53,6 +54,7 @@ from trainer.generation import (  # noqa: E402
     eval_mode,
     generate_call,
 )
+from trainer.micro_batch import longest_prompt  # noqa: E402
 
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
@@ -82,7 +84,7 @@ class EvalSpec:
     def __post_init__(self):
         if self.cap < 1 or self.batch_size < 1:
             raise ValueError(f"eval spec: cap and batch_size must be >= 1, got {self.cap}, {self.batch_size}")
-        if not self.temperature > 0 or not 0 < self.top_p <= 1:
+        if not 0 < self.temperature < float("inf") or not 0 < self.top_p <= 1:  # NaN fails both
             raise ValueError(f"eval spec: need temperature > 0 and 0 < top_p <= 1, got {self}")
         if self.generation not in BACKENDS:
             raise ValueError(f"eval spec: generation must be one of {BACKENDS}, got {self.generation!r}")
@@ -543,7 +545,25 @@ def load_checkpoint(path: Path, device: str):
     if cls is None:
         raise ValueError(f"{config_file}: 'architectures' {names!r} names no transformers class")
     model = cls.from_pretrained(path, dtype=torch.bfloat16).to(device)  # the stored (bf16) values
+    torch_on_cpu(model)  # fla installed: its Triton kernels for CUDA tensors only (`--device cpu`)
     return as_checkpoint(model), transformers.AutoTokenizer.from_pretrained(path)
+
+
+def refuse_past_positions(
+    model_config, tokenizer, problems, system: str, caps: dict, where: str, error=ValueError
+):
+    """A prompt and its cap past the model's positions, refused by the cap's name (`caps`: {name: cap}) before
+    anything is written: the model was not built for them (its position tables end there)."""
+    limit = getattr(model_config.get_text_config(), "max_position_embeddings", None)
+    if not limit:
+        return
+    longest = longest_prompt(tokenizer, problems, system)
+    for name, cap in caps.items():
+        if cap is not None and longest + cap > limit:
+            raise error(
+                f"{name}: {cap} tokens after the longest prompt ({longest} tokens) need {longest + cap} "
+                f"positions, past max_position_embeddings {limit} of {where}"
+            )
 
 
 def load_eval_tasks(run: Mapping, run_dir: Path) -> dict[str, list[dict]]:
@@ -649,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
                     eos = eos_token_ids(tokenizer, _generation_config(model_dir))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
+                problems = [t["problem"] for tasks in tasks_by_set.values() for t in tasks]
+                caps = {"--cap": spec.cap}  # vLLM refuses a cap past the model's length itself
+                refuse_past_positions(model.config, tokenizer, problems, spec.system_prompt, caps, path)
             rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
             cap_suffix = spec.cap if spec.cap != run_spec.cap else None
             out = write_eval(args.run_dir, step, rows, cap_suffix)

@@ -35,7 +35,7 @@ from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
 from trainer import cpu_generation, generation, lora_push, micro_batch, sampler_agreement
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
-from trainer.chunked_gated_delta import chunked_gated_delta
+from trainer.chunked_gated_delta import chunked_gated_delta, torch_on_cpu
 from trainer.compiled_parts import compiled_parts
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
@@ -104,6 +104,7 @@ class CapGRPOTrainer(GRPOTrainer):
             **kwargs,
         )
         self.outcome_reward.eos_token_ids = frozenset(self.eos_token_ids)  # TRL adds the tokenizer's EOS
+        torch_on_cpu(self.model)  # a caller's own model; with fla: CPU tensors take the torch reference
         lora_push.install(
             self
         )  # LoRA pushes to vLLM leave the base weights as they were (trainer/lora_push.py)

@@ -50,8 +50,9 @@ from rundir.run_json import (
 from rundir.state import StateError, put_back_replaced, remove_interrupted_saves
 from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
-from trainer.config import CapGRPOConfig, ConfigError, resume_changes
-from trainer.evaluation import EvalCallback, EvalSpec
+from trainer.chunked_gated_delta import torch_on_cpu
+from trainer.config import CapGRPOConfig, ConfigError, refuse_absurd_numbers, resume_changes
+from trainer.evaluation import EvalCallback, EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer
 from trainer.micro_batch import MicroBatch
@@ -78,6 +79,7 @@ def load_base_model(path: str, dtype: str | None = None):
     arch = (config.architectures or ["AutoModelForCausalLM"])[0]
     torch_dtype = getattr(torch, dtype) if dtype not in (None, "auto") else "auto"
     model = getattr(transformers, arch).from_pretrained(path, dtype=torch_dtype)
+    torch_on_cpu(model)  # fla installed: its Triton kernels for CUDA tensors only
     for name, p in model.named_parameters():
         if "visual" in name:  # the vision tower rides along untouched: text-only RL never updates it
             p.requires_grad_(False)
@@ -318,6 +320,17 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     )
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
+    problems = [t["problem"] for t in tasks.values()]
+    caps = {"max_completion_length": args.max_completion_length, "eval_cap": args.eval_cap}
+    refuse_past_positions(
+        model.config,
+        tokenizer,
+        problems,
+        args.system_prompt,
+        caps,
+        model_args.model_name_or_path,
+        ConfigError,
+    )
     spec = EvalSpec.from_config(args)
     grader = args.grader_pool()
     trainer = CapGRPOTrainer(
@@ -385,8 +398,24 @@ def check_recipe(argv: list[str]) -> None:
         )
 
 
+def split_config_flag(argv: list[str]) -> list[str]:
+    """`--config=FILE` as `--config FILE`: TrlParser looks for the bare flag only, and argparse let the `=` form
+    through unread, so the run went on with the defaults and failed elsewhere. Given twice: refused (TrlParser
+    would read the first)."""
+    out = []
+    for arg in argv:
+        out += ["--config", arg.removeprefix("--config=")] if arg.startswith("--config=") else [arg]
+    if out.count("--config") > 1:
+        raise CommandLineError(
+            "--config: given more than once (one recipe per run; override fields with flags)"
+        )
+    if "--config" in out and out[out.index("--config") + 1 :][:1] == [""]:
+        raise CommandLineError("--config: expected a recipe file")
+    return out
+
+
 def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = split_config_flag(list(sys.argv[1:] if argv is None else argv))
     check_recipe(argv)
     try:
         return RecipeParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
@@ -399,6 +428,7 @@ def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
 
 def train(argv: list[str] | None) -> None:
     args, model_args = parse(argv)
+    refuse_absurd_numbers(model_args)  # CapGRPOConfig's own fields are checked as it is built
     lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
     trainer = None
     try:

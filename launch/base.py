@@ -109,6 +109,30 @@ def report_md(plan: Plan, cells: list[dict], choice: dict, meta: dict) -> str:
     return "\n".join([*lines, "", f"Chosen by the plan's rule: `{json.dumps(shown)}`."]) + "\n"
 
 
+def compare_md(reports: dict[str, dict]) -> str:
+    """Several bases' reports side by side (issue 62: the 1.5B's cells against the 0.5B's), one row per
+    (temperature, cap): truncated share, pass@1, correct among finished answers and the gate-v1 share per base;
+    each base's chosen cell in bold."""
+    names = list(reports)
+    head = " | ".join(f"{n}: truncated / pass@1 / correct among finished / gate v1" for n in names)
+    lines = [f"| T | cap | {head} |", "|---|---|" + "---|" * len(names)]
+    keys = sorted(
+        {(c["temperature"], k["cap"]) for r in reports.values() for c in r["cells"] for k in c["caps"]}
+    )
+    for t, cap in keys:
+        cols = []
+        for r in reports.values():
+            k = next(
+                (k for c in r["cells"] if c["temperature"] == t for k in c["caps"] if k["cap"] == cap), None
+            )
+            text = "–" if k is None else (f"{k['truncated']:.1%} / {k['pass@1']:.1%} / {finished_accuracy(k)} / "
+                                          f"{k['gate_v1']:.0%}")  # fmt: skip
+            chosen = (r["choice"]["temperature"], r["choice"]["cap"]) == (t, cap)
+            cols.append(f"**{text}**" if chosen and k is not None else text)
+        lines.append(f"| {t} | {cap} | " + " | ".join(cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # --- building what the runs start from --------------------------------------------------------------------
 def snapshot_path(work: Path, name: str) -> Path:
     return work / f"{name}.tasks.json"

@@ -3,7 +3,7 @@ what the generation gate's refill cost, from a launch folder's committed rows (i
 
 A launch folder holds, besides its runs' rows:
   lease.json      the device calls of the lease that served this launch, written from the device tool's replies:
-                  {"calls": [{"what": "...", "wall_s": 12.3, "t0": unix, "t1": unix}, ...], "held_s": ...,
+                  {"calls": [{"what": "...", "wall_s": 12.3, "t0": unix, "t1": unix, "count": 1}, ...], "held_s": ...,
                   "gpus": 1, "note": "..."}; `held_s` (the lease's own clock) wins over the calls' sum where given
   timeline.jsonl  what the launcher saw (launch/runs.py Timeline): starts, exits, step rows with the number of
                   runs going, GPU utilisation samples
@@ -40,7 +40,7 @@ def figures(folder: Path) -> dict:
     live = [e["live"] for e in timeline if e.get("event") == "step"]
     utils = [u for e in timeline if e.get("event") == "gpu" for u in e["util"]]
     out = {
-        "calls": len(calls),
+        "calls": sum(c.get("count", 1) for c in calls),  # an entry may stand for several alike calls
         "lease_s": held,
         "run_steps": run_steps,
         "runs": len(runs),

@@ -36,7 +36,7 @@ NESTED_KEYS = {
     "secondaries[]": ("set", "step", "cap", "test", "alpha"),
     "decomposition": ("lead_by_control_outcome", "per_arm_and_step"),
     "budget": ("train_s", "parallel", "gpus", "grace_s", "leader_s", "gpu_share", "memory_growth",
-               "drop_finished_weights", "mps", "share_step0"),
+               "drop_finished_weights", "mps", "share_step0", "gpu_memory_share"),
     "run_args": ("gpu", "smoke"),
 }  # fmt: skip
 # a report section's keys: these, and the arguments of its kind's function (launch/report.py `section`)

@@ -350,6 +350,10 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     steps = max_steps(plan, smoke)
     common = [*prepare(plan, work, smoke, gguf), "--max_steps", str(plan.steps), *eval_args(plan, steps),
               *plan.run_args.get("smoke" if smoke else "gpu", [])]  # fmt: skip
+    if b.get("drop_finished_weights") and not smoke:  # its save would be dropped unread
+        common += ["--save_last_step", "false"]
+    if b.get("gpu_memory_share") and not smoke:  # each run sized for its share, not for the whole GPU
+        common += ["--gpu_memory_share", str(b["gpu_memory_share"])]
     # one compile cache for every run of the launch: the leader compiles, the others read (issue 60)
     caches = {
         "TORCHINDUCTOR_CACHE_DIR": str(work / "cache/inductor"),

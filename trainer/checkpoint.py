@@ -269,6 +269,12 @@ class CheckpointCallback(TrainerCallback):
         ):
             return
         t0 = time.perf_counter()
+        if step == args.max_steps and not args.save_last_step and step not in set(args.checkpoint_steps):
+            # nothing would read it: the launcher drops a finished run's weights (0.5B: ~18 s, 1.5B: ~50 s)
+            if self.trainer.accelerator.is_main_process:
+                update_run_json(self.run_dir, best_step=Run(self.run_dir).best_step(HELDOUT))
+                write_run_card(self.run_dir)
+            return
         save_weights(self.trainer, step_dir(self.run_dir, step))
         save_state_dir(self.trainer, self.run_dir, step)
         if self.trainer.accelerator.is_main_process:

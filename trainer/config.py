@@ -179,6 +179,11 @@ class CapGRPOConfig(GRPOConfig):
     # --- checkpoints and resume (SPEC §6) ---------------------------------------------------------
     checkpoint_steps: list[int] = field(default_factory=list, metadata={"help": "Steps saving stepNNN/."})
     checkpoint_every: int = field(default=0, metadata={"help": "Also save every N steps (0: off)."})
+    save_last_step: bool = field(
+        default=True,
+        metadata={"help": "Save the last step's stepNNN/ and stateNNN/ (false: a launcher that drops finished "
+                  "runs' weights; its rows and evaluation are written first)."},
+    )  # fmt: skip
     keep_states: int = field(default=2, metadata={"help": "Newest stateNNN/ kept (optimizer state)."})
     nonfinite_gradient: str = field(
         default="stop",
@@ -204,6 +209,11 @@ class CapGRPOConfig(GRPOConfig):
             "in tokens; trainer/compiled_parts.py). Off until measured in whole steps (docs/PERFORMANCE.md)."
         },
     )
+    gpu_memory_share: float = field(
+        default=1.0,
+        metadata={"help": "Share of the GPU's memory this run sizes its micro-batch and optimizer state for "
+                  "(several runs on one GPU: the launcher's budget.gpu_memory_share)."},
+    )  # fmt: skip
     adamw_state_on_gpu: bool | None = field(
         default=None,
         metadata={
@@ -363,6 +373,8 @@ class CapGRPOConfig(GRPOConfig):
         for name in ("eval_every", "checkpoint_every", "keep_states", "heldout_size", "fixed_size"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)!r}")
+        if not 0 < self.gpu_memory_share <= 1:
+            raise ConfigError(f"gpu_memory_share: a share in (0, 1], got {self.gpu_memory_share!r}")
         if self.eval_at_steps and (self.eval_every == 0 or any(
                 not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.eval_at_steps)):  # fmt: skip
             raise ConfigError(f"eval_at_steps: steps >= 0, with eval_every > 0 (0 turns evaluation off), got "
@@ -472,7 +484,7 @@ class CapGRPOConfig(GRPOConfig):
 # threads (generation runs on one; the training pass gives the same logits and gradients at 1 and 2) and where
 # results are reported or pushed.
 RESUME_MAY_CHANGE = frozenset(
-    {"max_steps", "eval_every", "eval_at_steps", "step0_eval_from", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
+    {"max_steps", "eval_every", "eval_at_steps", "step0_eval_from", "save_last_step", "gpu_memory_share", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
      "cpu_threads", "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica",
      "log_on_each_node", "logging_first_step", "logging_nan_inf_filter", "log_completions",
      "num_completions_to_print", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",

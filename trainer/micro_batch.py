@@ -204,10 +204,11 @@ def longest_prompt(tokenizer, problems, system: str, candidates: int = 16) -> in
 
 def cuda_budget(args, model, static_bytes: int) -> float:
     """Bytes left for activations on this process's GPU: its free memory (plus what the model already holds
-    there), less RESERVE, vLLM's colocated share, and the static footprint."""
+    there), at most its `gpu_memory_share` of the device, less RESERVE, vLLM's colocated share, and the static
+    footprint."""
     free, total = torch.cuda.mem_get_info()
     held = sum(p.numel() * p.element_size() for p in model.parameters() if p.is_cuda)
-    usable = min(free + held, total * (1 - RESERVE))
+    usable = min(free + held, total * args.gpu_memory_share * (1 - RESERVE))
     if args.use_vllm and args.vllm_mode == "colocate":
         usable -= total * args.vllm_gpu_memory_utilization
     return usable - static_bytes

@@ -1,0 +1,198 @@
+"""Issue 60: what a lease bought (launch/lease.py) recomputed from committed rows, and the launcher's levers that
+need no GPU to check: evaluation at the plan's steps, the step-0 rows shared by a launch's runs (checked before
+they are copied), the last save skipped where the launcher drops it, runs at a time from the leader's first row,
+and a train stage that outlives its caller (`--detach`, `watch`, `pack`)."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from launch.__main__ import main as launch_main
+from launch.lease import figures, table
+from launch.plan import load
+from launch.runs import eval_args, fitting, launcher_pid, row_memory
+from rundir.run_json import RunDirError
+from trainer.evaluation import EvalCallback, EvalSpec, sample_seed, shared_step0_rows
+
+ROOT = Path(__file__).resolve().parent.parent
+QWEN = ROOT / "docs/experiment-qwen"
+
+
+def test_launch_1s_lease_figure_recomputes_from_its_rows():
+    g = figures(QWEN / "launch1")
+    assert (g["lease_s"], g["run_steps"], g["runs"]) == (1227, 172, 9)  # the issue's 7.1 s a run-step
+    assert round(g["lease_s_per_run_step"], 2) == 7.13 and round(g["sampled_per_trained_group"], 2) == 3.71
+    assert g["runs_going_median"] is None  # launch 1 kept no timeline
+
+
+def test_launch_2s_lease_figure_and_timeline_recompute_from_its_rows():
+    g = figures(QWEN / "launch2")
+    assert (g["lease_s"], g["run_steps"], g["runs"]) == (909.3, 133, 6)
+    assert round(g["lease_s_per_run_step"], 2) == 6.84 and round(g["sampled_per_trained_group"], 2) == 3.61
+    assert (g["runs_going_median"], g["runs_going_max"]) == (4, 4)  # the leader's memory x 1.6: 4 at a time
+    steps_seen = sum(c.get("run_steps", 0) for c in g["per_call"])
+    assert 0.85 * g["run_steps"] < steps_seen <= g["run_steps"]  # the rest came in the seconds between calls
+    assert g["calls"] == 42 and "| launch2 | 42 | 909 | 133 | **6.84** |" in table(
+        {"launch2": QWEN / "launch2"}
+    )
+
+
+def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():
+    one, two = load(QWEN / "plan.yaml"), load(QWEN / "plan-launch2.yaml")
+    differ = {f for f in one.__dataclass_fields__ if getattr(one, f) != getattr(two, f)}
+    assert differ == {"path", "name", "seeds", "eval", "budget", "run_args", "report"}
+    assert not set(one.seeds) & set(two.seeds) and two.eval["sets"] == one.eval["sets"]
+    assert two.run_args["gpu"] == [*one.run_args["gpu"], "--deterministic", "true"]
+
+
+def test_the_trainer_evaluates_at_the_plans_steps_alone():
+    plan = load(QWEN / "plan-launch2.yaml")
+    assert eval_args(plan, 30) == ["--eval_every", "1", "--eval_at_steps", "0", "10", "20", "30"]
+    assert eval_args(load(QWEN / "plan.yaml"), 30) == ["--eval_every", "5"]
+    cb = EvalCallback("/nowhere", {}, EvalSpec(), 1, None, eval_steps=(0, 10, 20, 30))
+    assert [s for s in range(31) if cb.due(s, 30)] == [0, 10, 20, 30]
+    assert [s for s in range(8) if cb.due(s, 7)] == [0, 7]  # the last step always
+    every = EvalCallback("/nowhere", {}, EvalSpec(), 5, None)
+    assert [s for s in range(12) if every.due(s, 11)] == [0, 5, 10, 11]
+
+
+def _run(tmp_path: Path, name: str, **change) -> tuple[Path, dict, EvalSpec]:
+    """A run directory with a run.json as the trainer writes its step-0 fields, and its would-be spec."""
+    spec = EvalSpec(cap=64, samples={"fixed32": 2, "heldout300": 1})
+    info = {"base_model": "/b", "architecture": "Qwen2ForCausalLM", "snapshot": {"sha256": "s"},
+            "eval_sets": {"fixed32": ["f1"], "heldout300": ["h1", "h2"]}, "eval": spec.to_json(),
+            "grader_version": "v1", **change}  # fmt: skip
+    run = tmp_path / name
+    (run / "results").mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps(info))
+    return run, {"fixed32": [{"id": "f1"}], "heldout300": [{"id": "h2"}, {"id": "h1"}]}, spec
+
+
+def _rows(spec: EvalSpec) -> list[dict]:
+    items = [("fixed32", "f1", 0), ("fixed32", "f1", 1), ("heldout300", "h1", 0), ("heldout300", "h2", 0)]
+    return [{"step": 0, "set": s, "task_id": t, "sample": i, "seed": sample_seed(spec.seed, t, i),
+             "outcome": "wrong", "answer": "1", "reference": "2", "completion_tokens": 5, "cap": spec.cap,
+             "completion": "x"} for s, t, i in items]  # fmt: skip
+
+
+def test_shared_step0_rows_are_taken_only_when_they_are_this_runs_own(tmp_path):
+    source, tasks, spec = _run(tmp_path, "leader")
+    rows_file = source / "results/eval_step000.jsonl"
+    rows_file.write_text("".join(json.dumps(r) + "\n" for r in _rows(spec)))
+    follower, _, _ = _run(tmp_path, "follower")
+    assert shared_step0_rows(rows_file, follower, tasks, spec) == _rows(spec)
+    other, _, _ = _run(tmp_path, "other-cap", eval={**spec.to_json(), "cap": 128})
+    with pytest.raises(RunDirError, match="differs from this one in eval"):
+        shared_step0_rows(rows_file, other, tasks, spec)
+    rows = _rows(spec)
+    rows[2]["seed"] += 1  # one sample drawn with another seed
+    rows_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(RunDirError, match="row 3 is not this run's step-0 sample"):
+        shared_step0_rows(rows_file, follower, tasks, spec)
+
+
+def test_copied_step0_rows_are_the_sources_bytes(tmp_path):
+    source, tasks, spec = _run(tmp_path, "leader")
+    rows_file = source / "results/eval_step000.jsonl"
+    from rundir.files import write_eval
+
+    write_eval(source, 0, _rows(spec))
+    follower, _, _ = _run(tmp_path, "follower")
+    logged = []
+    cb = EvalCallback(follower, tasks, spec, 1, None, log_fn=logged.append, step0_rows=rows_file)
+    cb.on_train_begin(None, SimpleNamespace(global_step=0, max_steps=3), None)
+    assert (follower / "results/eval_step000.jsonl").read_bytes() == rows_file.read_bytes()
+    assert cb.last_step == 0 and cb.last_summary["heldout300"]["n"] == 2 and logged
+
+
+def test_the_last_step_is_not_saved_where_the_launcher_drops_it():
+    from launch.runs import train  # noqa: F401  (the flag is the launcher's, the skip the trainer's)
+    from trainer.checkpoint import CheckpointCallback
+
+    saved = []
+
+    class Trainer:
+        accelerator = SimpleNamespace(is_main_process=False, wait_for_everyone=lambda: None)
+
+    cb = CheckpointCallback(Trainer(), Path("/nowhere"), Path("/base"))
+    import trainer.checkpoint as checkpoint
+
+    real = checkpoint.save_weights
+    checkpoint.save_weights = lambda trainer, path: saved.append(path)
+    checkpoint_state = checkpoint.save_state_dir
+    checkpoint.save_state_dir = lambda *a: None
+    try:
+        args = SimpleNamespace(max_steps=3, save_last_step=False, checkpoint_steps=[], checkpoint_every=0,
+                               keep_states=1)  # fmt: skip
+        cb.on_log(
+            args, SimpleNamespace(global_step=3), SimpleNamespace(should_training_stop=True), logs={"loss": 1}
+        )
+        assert saved == []
+        args.save_last_step = True
+        cb.on_log(
+            args, SimpleNamespace(global_step=3), SimpleNamespace(should_training_stop=True), logs={"loss": 1}
+        )
+        assert saved == [Path("/nowhere/step003")]
+    finally:
+        checkpoint.save_weights, checkpoint.save_state_dir = real, checkpoint_state
+
+
+def test_runs_at_a_time_come_from_the_leaders_first_row_where_it_has_one(tmp_path, monkeypatch):
+    import launch.runs as runs
+
+    run = tmp_path / "leader"
+    (run / "results").mkdir(parents=True)
+    row = {
+        "step": 1,
+        "gpu_memory": {"peak_reserved_gib": 15.988, "device_used_gib": 16.8, "total_gib": 139.8},
+    }
+    (run / "results/steps.jsonl").write_text(json.dumps(row) + "\n")
+    memory = row_memory(run)
+    assert memory == pytest.approx((15.988 * 1024 + 850, 139.8 * 1024))
+    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: None)  # MPS: nvidia-smi lists the server
+    assert fitting(8, 1, 0.9, 1.6, row_memory=memory) == 4  # launch 2's leader: 17,222 MiB x 1.6
+    assert fitting(8, 1, 0.9, 1.6) == 8  # nothing known: the plan's number, as before
+    (run / "results/steps.jsonl").write_text(json.dumps({"step": 1, "gpu_memory": None}) + "\n")
+    assert row_memory(run) is None  # a CPU run
+
+
+@pytest.mark.slow
+def test_a_detached_train_outlives_its_caller_and_shares_step_0(tmp_path):
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "docs/experiment-real/plan.yaml").read_text())
+    raw["budget"].update(share_step0=True)  # the SmolLM2 plan (its snapshot is made by CI's make real-base)
+    raw["eval"].update(steps=[0, 1])
+    plan, work = tmp_path / "plan.yaml", tmp_path / "w"
+    plan.write_text(yaml.safe_dump(raw))
+    assert launch_main([str(plan), "base", "--smoke", "--work", str(work), "--out", str(tmp_path / "o")]) == 0
+    cmd = [sys.executable, "-m", "launch", str(plan), "train", "--smoke", "--seeds", "0,1", "--work", str(work),
+           "--detach"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    started = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0 and "detached" in started.stdout  # returned at once
+    assert launcher_pid(work) is not None
+    assert launch_main([str(plan), "train", "--smoke", "--work", str(work), "--detach"]) == 1  # one at a time
+    end = time.time() + 600
+    while launcher_pid(work) is not None and time.time() < end:
+        time.sleep(2)
+    assert launch_main([str(plan), "watch", "--work", str(work), "--for-s", "1"]) == 0
+    runs = sorted(p for p in (work / "runs").iterdir() if p.is_dir())
+    assert [r.name for r in runs] == ["smollm2-S0-s0", "smollm2-S0-s1", "smollm2-S2-s0", "smollm2-S2-s1"]
+    leader = work / "runs/smollm2-S0-s0"
+    for run in runs:
+        config = json.loads((run / "run.json").read_text())["config"]
+        shared = str(leader / "results/eval_step000.jsonl")
+        assert config["step0_eval_from"] == (None if run == leader else shared)
+        assert config["eval_at_steps"] == [0, 1]
+        assert (run / "results/eval_step000.jsonl").read_bytes() == Path(shared).read_bytes()
+    timeline = [json.loads(line) for line in (work / "runs/timeline.jsonl").read_text().splitlines()]
+    assert {e["event"] for e in timeline} >= {"launcher", "start", "step", "exit"}
+    assert launch_main([str(plan), "pack", "--work", str(work), "--out", str(tmp_path / "o2")]) == 0
+    assert (tmp_path / "o2/smollm2.tar.gz").is_file()

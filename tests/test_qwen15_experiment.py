@@ -1,0 +1,44 @@
+"""docs/experiment-qwen15/ (issue 62): the 1.5B base report recomputes from its committed rows, the registered rule
+picks the committed cell, and the comparison with the 0.5B's cells in its README is what launch/base.py prints."""
+
+import json
+from pathlib import Path
+
+from launch.base import at_cap, cell_tasks, choose, compare_md, finished_accuracy
+from launch.plan import load
+from rundir.files import read_jsonl
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs/experiment-qwen15"
+PLAN = load(DOCS / "plan.yaml")
+
+
+def test_the_base_report_recomputes_and_the_registered_rule_picks_its_cell():
+    committed = json.loads((DOCS / "base/base_report.json").read_text())
+    for cell in committed["cells"]:
+        name = f"base_rows_{cell_tasks(cell)}_{cell['model']}_{cell['prompt']}_T{cell['temperature']}.jsonl"
+        rows = read_jsonl(DOCS / "base" / name)  # from base/rows.tar.xz
+        assert len(rows) == 128 * 8 and [at_cap(rows, k["cap"]) for k in cell["caps"]] == cell["caps"]
+    assert PLAN.base_report.rule.pass_at_1 == (0.20, 0.70)  # issue 62's band, no amendment
+    chosen = choose(committed["cells"], PLAN.base_report.rule)
+    assert (chosen["temperature"], chosen["cap"], chosen["fallback"]) == (1.0, 384, False)
+    assert {k: v for k, v in chosen.items() if k != "at_choice"} == {
+        k: v for k, v in committed["choice"].items() if k not in ("at_choice", "snapshot_sha256")
+    }
+    k = chosen["at_choice"]
+    assert (round(k["truncated"], 3), round(k["pass@1"], 3), round(k["gate_v1"], 2)) == (0.208, 0.382, 0.59)
+    assert finished_accuracy(k) == "48.2%"
+
+
+def test_the_readme_compares_the_cells_with_the_05bs_as_the_launcher_prints_them():
+    reports = {
+        name: json.loads((REPO / folder / "base/base_report.json").read_text())
+        for name, folder in (
+            ("Qwen2.5-Coder-0.5B", "docs/experiment-qwen"),
+            ("Qwen2.5-Coder-1.5B", "docs/experiment-qwen15"),
+        )
+    }
+    table = compare_md(reports)
+    assert table in (DOCS / "README.md").read_text()
+    assert "| 0.7 | 320 | **33.0% / 15.9% / 23.8% / 34%** |" in table  # the 0.5B's chosen cell
+    assert "**20.8% / 38.2% / 48.2% / 59%** |" in table  # the 1.5B's: twice as often right when it finishes

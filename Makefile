@@ -92,8 +92,8 @@ compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 experiment:  ## make experiment [ARMS=S0,S2,S4] [SEEDS=0,1,2] [OUT=docs/experiment-embedded]: train every arm (control first) from the embedded recipe, compare each with the control
 	$(PY) -m trainer.experiment --recipe configs/embedded.yaml --arms $(ARMS) $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS) $(if $(OUT),--out $(OUT)) $(if $(ARGS),-- $(ARGS))
 
-launch:  ## make launch PLAN=docs/experiment-real/plan.yaml STAGE=base|train|report [WORK=dir] [ARGS="--smoke --budget-s 500"]: one experiment from its plan file (docs/launch.md)
-	@test -n "$(PLAN)" -a -n "$(STAGE)" || { echo "usage: make launch PLAN=docs/experiment-*/plan.yaml STAGE=base|train|report [WORK=dir] [ARGS=...]" >&2; exit 2; }
+launch:  ## make launch PLAN=docs/experiment-real/plan.yaml STAGE=base|train|watch|pack|report [WORK=dir] [ARGS="--smoke --budget-s 500"]: one experiment from its plan file (docs/launch.md)
+	@test -n "$(PLAN)" -a -n "$(STAGE)" || { echo "usage: make launch PLAN=docs/experiment-*/plan.yaml STAGE=base|train|watch|pack|report [WORK=dir] [ARGS=...]" >&2; exit 2; }
 	$(PY) -m launch $(PLAN) $(STAGE) $(if $(WORK),--work $(WORK)) $(ARGS)
 
 card:  ## make card RUN=runs/S2 [CONTROL=runs/S0] [STEPS=10,20]: regenerate the run's cards

@@ -196,3 +196,11 @@ def test_a_detached_train_outlives_its_caller_and_shares_step_0(tmp_path):
     assert {e["event"] for e in timeline} >= {"launcher", "start", "step", "exit"}
     assert launch_main([str(plan), "pack", "--work", str(work), "--out", str(tmp_path / "o2")]) == 0
     assert (tmp_path / "o2/smollm2.tar.gz").is_file()
+
+
+def test_the_readme_report_of_launch_2_is_what_the_report_command_prints():
+    from launch.report import report
+
+    readme = (QWEN / "README.md").read_text()
+    block = readme.split("<!-- report launch2 -->\n", 1)[1].split("<!-- /report launch2 -->", 1)[0]
+    assert block == report(load(QWEN / "plan-launch2.yaml"))

@@ -11,6 +11,24 @@
 # train meanwhile; the last also converts the 1.5B base, detached), `watch` until launch 2 ends, `pack05`,
 # then `base15` (issue 62's base report) and `trial15` (the 1.5B throughput trial, detached) and `pack15`.
 # Every call prints its start and end (unix seconds) for lease.json.
+# What ran (code at 0d46020, CAPGRPO_COMMIT set to it), 47 calls, 1,749 of 1,800 s of device time:
+#   1-11 receive q05 1..11 (~4 s held each once warm; the first 89 s with the machine's start); 12 start05 12;
+#   13-37 receive15 1..25 (the last with `last`: join, convert the 1.5B detached; 25 calls, launch 2 training);
+#   38 watch 200; 39 by hand: issue 62's base stage started detached beside launch 2, then 100 s of watching:
+#     setsid python3 -m launch docs/experiment-qwen15/plan.yaml base --work /tmp/q15 --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --out /tmp/q15/out
+#   40 watch by hand (170 s); 41-42 launch 2 stopped by hand (kill -9 of the launcher and its runs; 41's pkill pattern
+#     also matched its own shell), MPS daemon quit, `pack05`, the 1.5B base archive copied to $OUT, and the throughput
+#     trial started: python3 -m launch docs/experiment-qwen15/plan-throughput.yaml train --work /tmp/q15 --budget-s 1500 --detach
+#   43 watch15 230; 44-45 the trial stopped by hand and packed (44 again ended its own shell), then three 1.5B runs by
+#     hand with CPUAdamW for 300 s (trial15-cpu-adamw in rows.tar.xz: two of three ran out of GPU memory):
+#     python3 -m trainer.train --config docs/experiment-qwen15/recipe.yaml --arm S0|S2 --seed 904|905 --output_dir /tmp/h/...
+#       --model_name_or_path /tmp/q15/qwen2.5-coder-1.5b --snapshot_path /tmp/q15/gsm_symbolic.tasks.json
+#       --snapshot_sha256 9c470bcb... --temperature 1.0 --max_completion_length 384 --max_steps 8 --eval_every 0
+#       --checkpoint_every 0 --gradient_checkpointing false --nonfinite_gradient skip --report_to none
+#       --deterministic true --cpu_adamw true
+#   46-47 bench/generation.py at bench/configs/qwen2.5-0.5b, 1 then 4 processes time-sliced then under MPS: 46 found no
+#     `datasets` on the fresh machine, 47 (with .whl) ran out of its 40-50 s limits while compiling: nothing measured.
+# Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export CAPGRPO_COMMIT=${CAPGRPO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

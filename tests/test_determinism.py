@@ -25,20 +25,27 @@ def observed(monkeypatch):
     def touched(*args, **kwargs):
         seen.update(algorithms=torch.are_deterministic_algorithms_enabled(),
                     cublas=os.environ.get("CUBLAS_WORKSPACE_CONFIG"), cudnn=torch.backends.cudnn.deterministic,
-                    benchmark=torch.backends.cudnn.benchmark)  # fmt: skip
+                    benchmark=torch.backends.cudnn.benchmark, fill=torch.utils.deterministic.fill_uninitialized_memory)  # fmt: skip
         raise ModelTouched
 
     monkeypatch.setattr(train, "load_base_model", touched)
     yield seen
     torch.use_deterministic_algorithms(before[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
+    torch.utils.deterministic.fill_uninitialized_memory = True
     os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
 
 
 def test_the_flag_reaches_torch_before_the_model_loads_and_run_json_records_it(inputs, observed):  # noqa: F811
     with pytest.raises(ModelTouched):
         train.main(argv(inputs, "--deterministic", "true"))
-    assert observed == {"algorithms": True, "cublas": ":4096:8", "cudnn": True, "benchmark": False}
+    assert observed == {
+        "algorithms": True,
+        "cublas": ":4096:8",
+        "cudnn": True,
+        "benchmark": False,
+        "fill": True,
+    }
     args, _ = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
         argv(inputs, "--deterministic", "true")
     )
@@ -74,3 +81,9 @@ def test_compiled_generation_stays_the_default_under_the_flag():
         args.deterministic = deterministic
         args._decide_backends(world=1, cuda=True)  # what one CUDA process decides
         assert args.resolved_backends().compiled_rollouts is True
+
+
+def test_the_memory_fill_can_be_turned_off_for_deterministic_runs(inputs, observed):  # noqa: F811
+    with pytest.raises(ModelTouched):
+        train.main(argv(inputs, "--deterministic", "true", "--deterministic_fill_memory", "false"))
+    assert observed["algorithms"] is True and observed["fill"] is False

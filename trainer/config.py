@@ -249,6 +249,12 @@ class CapGRPOConfig(GRPOConfig):
             "deterministic cuDNN (trainer/train.py apply_determinism; docs/gpu.md). Refused with vLLM."
         },
     )
+    deterministic_fill_memory: bool = field(
+        default=True,
+        metadata={"help": "With deterministic: torch's fill of every new tensor's memory (a guard against kernels "
+                  "that read memory nobody wrote; a fill kernel per allocation, also inside CUDA graphs). "
+                  "false: the suspect of deterministic generation's 1.7x on the H200, not yet measured."},
+    )  # fmt: skip
     # --- training micro-batch (trainer/micro_batch.py): unset, the trainer sizes it at init ---------------
     per_device_train_batch_size: int | None = field(
         default=None,

@@ -294,6 +294,7 @@ def apply_determinism(args: CapGRPOConfig) -> None:
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # PyTorch's randomness notes: CUDA >= 10.2
     torch.use_deterministic_algorithms(True)  # an op with no deterministic kernel raises, naming itself
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.utils.deterministic.fill_uninitialized_memory = args.deterministic_fill_memory
 
 
 def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=()) -> CapGRPOTrainer:

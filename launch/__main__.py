@@ -5,7 +5,8 @@
     report  print the report computed from the plan and the committed rows under the plan's `results`
     unpack  --archive A --into DIR: a train stage's archive into a new docs folder
     watch   --for-s S: follow a detached train (`train --detach`) for S seconds or until it ends
-    pack    what the repository keeps of the work folder, into --out (after a detached train)
+    pack    what the repository keeps of the work folder, into --out (after a detached train); --with-caches: also
+            the compile caches and their key (compile-caches.tar.gz), which `train --caches FILE` starts from
 
 `train --detach` starts the train stage in a session of its own and returns at once: on the GPU machine it runs on
 after the device call that started it, until the machine is given back, so runs are never stopped at a call's end
@@ -46,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--detach", action="store_true", help="train: in a session of its own, returning at once")
     ap.add_argument("--for-s", type=float, default=540.0, help="watch: seconds to follow at most")
+    ap.add_argument(
+        "--caches", type=Path, default=None, help="train: an earlier lease's compile-caches.tar.gz"
+    )
+    ap.add_argument(
+        "--with-caches", action="store_true", help="pack: also the compile caches, with their key"
+    )
     ap.add_argument("--smoke", action="store_true", help="CPU sizes, the tiny embedded base")
     ap.add_argument(
         "--results", type=Path, default=None, help="report: rows from here, not the plan's results"
@@ -91,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return watch(work, args.for_s)
         if args.stage == "pack":
-            from launch.runs import pack
+            from launch.runs import pack, pack_caches
 
             pack(plan, work, out)
+            if args.with_caches:
+                pack_caches(work, out)
             return 0
         if args.detach:
             from launch.runs import detach
@@ -105,7 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         from launch.runs import train
 
         seeds = None if args.seeds is None else _seeds(args.seeds)
-        return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus)
+        return train(
+            plan,
+            work,
+            out,
+            args.smoke,
+            args.budget_s,
+            args.gguf,
+            args.parallel,
+            seeds,
+            args.gpus,
+            args.caches,
+        )
     except SystemExit as e:
         if e.code in (None, 0) or isinstance(e.code, int):
             raise

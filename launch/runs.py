@@ -13,6 +13,7 @@ steps.jsonl, eval rows, cards, the runs' and GPUs' logs, base report; never weig
 <out>/<plan name>.tar.gz; `unpack` writes it into a new docs folder.
 """
 
+import io
 import json
 import os
 import re
@@ -331,7 +332,8 @@ def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
 
 
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
-          parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None) -> int:  # fmt: skip
+          parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None,
+          caches: Path | None = None) -> int:  # fmt: skip
     if seeds is not None and (plan.seeds is None or not set(seeds) <= set(plan.seeds)):
         print(f"error: --seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}", file=sys.stderr)
         return 1
@@ -348,6 +350,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     parallel = parallel or b.get("parallel", 2)
     grace_s, leader_s = b.get("grace_s", 75), b.get("leader_s", 240)
     steps = max_steps(plan, smoke)
+    if caches is not None:
+        unpack_caches(caches, work)
     common = [*prepare(plan, work, smoke, gguf), "--max_steps", str(plan.steps), *eval_args(plan, steps),
               *plan.run_args.get("smoke" if smoke else "gpu", [])]  # fmt: skip
     if b.get("drop_finished_weights") and not smoke:  # its save would be dropped unread
@@ -448,6 +452,71 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     )
     pack(plan, work, out)
     return 1 if failed else 0
+
+
+CACHES = ("cache/inductor", "cache/triton")  # the launch's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR
+
+
+def cache_key() -> dict:
+    """What compiled kernels depend on: torch, Triton and the GPU (a cache from another is not used)."""
+    import torch
+
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"torch": torch.__version__, "triton": triton_version, "gpu": gpu, "cuda": torch.version.cuda}
+
+
+def pack_caches(work: Path, out: Path) -> Path | None:
+    """The launch's compile and autotuning caches with their key, into <out>/compile-caches.tar.gz: the next lease
+    starts its runs with them (`train --caches`), compiling nothing that this one compiled."""
+    present = [work / c for c in CACHES if (work / c).is_dir()]
+    if not present:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    archive = out / "compile-caches.tar.gz"
+    key = json.dumps(cache_key(), indent=1).encode()
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("key.json")
+        info.size = len(key)
+        tar.addfile(info, io.BytesIO(key))
+        for folder in present:
+            tar.add(folder, arcname=folder.relative_to(work).as_posix())
+    print(f"packed {archive} ({archive.stat().st_size / 2**20:.1f} MiB)", flush=True)
+    return archive
+
+
+def unpack_caches(archive: Path, work: Path) -> bool:
+    """An earlier lease's caches into this launch's cache folders, when built by the same torch, Triton and GPU
+    and the folders are still empty; otherwise one line saying why they are not used (the runs compile anew)."""
+    try:
+        with tarfile.open(archive) as tar:
+            theirs = json.loads(tar.extractfile("key.json").read())
+            ours = cache_key()
+            if theirs != ours:
+                differ = ", ".join(
+                    f"{k} {theirs.get(k)} there, {ours[k]} here" for k in ours if theirs.get(k) != ours[k]
+                )
+                print(f"compile caches {archive}: not used ({differ})", flush=True)
+                return False
+            if any((work / c).exists() and any((work / c).iterdir()) for c in CACHES):
+                print(
+                    f"compile caches {archive}: not used ({work / 'cache'} already holds caches)", flush=True
+                )
+                return False
+            members = [m for m in tar.getmembers() if m.name != "key.json"]
+            if bad := [m.name for m in members if not m.name.startswith(CACHES) or ".." in m.name
+                       or not (m.isfile() or m.isdir())]:  # fmt: skip
+                raise SystemExit(f"error: {archive}: member {bad[0]} is not a cache file")
+            tar.extractall(work, members=members, filter="data")
+    except (OSError, EOFError, KeyError, tarfile.TarError, json.JSONDecodeError) as e:  # EOFError: cut short
+        raise SystemExit(f"error: {archive}: not a compile-cache archive ({e})") from None
+    print(f"compile caches {archive}: {len(members)} entries into {work / 'cache'}", flush=True)
+    return True
 
 
 def detach(work: Path, cmd: list[str]) -> int:

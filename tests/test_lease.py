@@ -204,3 +204,27 @@ def test_the_readme_report_of_launch_2_is_what_the_report_command_prints():
     readme = (QWEN / "README.md").read_text()
     block = readme.split("<!-- report launch2 -->\n", 1)[1].split("<!-- /report launch2 -->", 1)[0]
     assert block == report(load(QWEN / "plan-launch2.yaml"))
+
+
+def test_compile_caches_travel_to_the_next_lease_only_to_the_same_torch_triton_and_gpu(
+    tmp_path, monkeypatch, capsys
+):
+    import launch.runs as runs
+
+    work = tmp_path / "lease1"
+    for name in ("cache/inductor/fxgraph/ab/entry", "cache/triton/K1/kernel.cubin"):
+        (work / name).parent.mkdir(parents=True)
+        (work / name).write_bytes(b"compiled")
+    archive = runs.pack_caches(work, tmp_path / "out")
+    assert archive == tmp_path / "out/compile-caches.tar.gz"
+    assert runs.unpack_caches(archive, tmp_path / "lease2")
+    assert (tmp_path / "lease2/cache/triton/K1/kernel.cubin").read_bytes() == b"compiled"
+    assert not runs.unpack_caches(archive, tmp_path / "lease2")  # never over caches already there
+    monkeypatch.setattr(
+        runs, "cache_key", lambda: {"torch": "9.9", "triton": "3.6.0", "gpu": "cpu", "cuda": None}
+    )
+    assert not runs.unpack_caches(archive, tmp_path / "lease3") and not (tmp_path / "lease3").exists()
+    assert "not used (torch" in capsys.readouterr().out
+    (tmp_path / "cut.tar.gz").write_bytes(archive.read_bytes()[:100])
+    with pytest.raises(SystemExit, match="cut.tar.gz: not a compile-cache archive"):
+        runs.unpack_caches(tmp_path / "cut.tar.gz", tmp_path / "lease4")

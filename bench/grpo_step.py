@@ -497,6 +497,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         cpu_adamw=a.cpu_adamw,
         adamw_state_on_gpu=a.adamw_state_on_gpu,  # ours only: plain TRL gets cpu_adamw_for()
         deterministic=a.deterministic,
+        deterministic_fill_memory=a.deterministic_fill_memory,
         compile_gated_delta_terms=a.compile_gated_delta_terms,
         compile_norms_mlp=a.compile_norms_mlp,
         fla_causal_conv=a.fla_conv,
@@ -629,6 +630,7 @@ def run_arm(
             "compile_norms_mlp": args.compile_norms_mlp and not name.startswith("plain"),  # ours only
             "fla_conv": args.resolved_backends().fla_conv and not name.startswith("plain"),  # ours only
             "deterministic": bool(args.deterministic),
+            "deterministic_fill_memory": bool(args.deterministic_fill_memory),
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
         "sharded": is_sharded(trainer.model),
@@ -775,6 +777,12 @@ def parse(argv=None):
         "--deterministic",
         action="store_true",
         help="deterministic: true (trainer/train.py apply_determinism); --compare-with --rtol 0 checks two runs",
+    )
+    ap.add_argument(
+        "--no-fill-memory",
+        dest="deterministic_fill_memory",
+        action="store_false",
+        help="with --deterministic: deterministic_fill_memory false (no fill of new tensors' memory)",
     )
     ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="ours: compile_norms_mlp (norms and MLPs compiled)"

@@ -352,8 +352,9 @@ def shared_step0_rows(source: Path, run_dir: Path, tasks_by_set: Mapping[str, Se
 
 
 class EvalCallback(TrainerCallback):
-    """Evaluates at step 0 (not when resuming), every `eval_every` steps (or at `eval_steps` alone: the config's eval_at_steps) and at the
-    last step. With `step0_rows` (another run's step-0 file) step 0 copies those rows instead of generating.
+    """Evaluates at step 0 (not when resuming), every `eval_every` steps (or at `eval_steps` alone: the config's
+    eval_at_steps) and at the last step. With `step0_rows` (another run's step-0 file) step 0 copies those rows
+    instead of generating.
 
     After each evaluation: `last_step`, `last_summary` (steps.jsonl's `eval` object), `last_seconds`;
     `log_fn` (e.g. `trainer.log`) gets the flat `log_metrics`. Only the main process generates, with the

@@ -29,6 +29,7 @@ from pathlib import Path
 from launch.base import build_base, snapshot_path, write_tasks
 from launch.plan import ROOT, Plan
 from rundir import archive as rundir_archive
+from rundir.run_json import read_run_json
 
 BASE_KEPT = ("base_manifest.json", "tiny_base.json", "base_report.json")
 Run = tuple[Path, str, int | None]  # run directory, arm, seed
@@ -83,6 +84,15 @@ def prepare(plan: Plan, work: Path, smoke: bool, gguf: Path | None) -> list[str]
             "--max_completion_length", str(choice["cap"])]  # fmt: skip
 
 
+def step_rows(run: Path) -> int:
+    """How many step rows a running run has written (a torn last row counts: it is only a progress figure)."""
+    path = run / "results/steps.jsonl"
+    if not path.is_file():
+        return 0
+    with path.open("rb") as f:
+        return sum(1 for _ in f)
+
+
 def eval_args(plan: Plan, steps: int) -> list[str]:
     """The trainer's evaluation cadence: the plan's `eval.steps` alone (the steps its report reads), else every
     `eval.every` steps."""
@@ -94,8 +104,7 @@ def eval_args(plan: Plan, steps: int) -> list[str]:
 def shared_step0(work: Path) -> Path | None:
     """A run of this launch that evaluated the base itself (not a copy): its step-0 rows, else None."""
     for rows in sorted((work / "runs").glob("*/results/eval_step000.jsonl")):
-        config = json.loads((rows.parent.parent / "run.json").read_text()).get("config", {})
-        if not config.get("step0_eval_from"):
+        if not read_run_json(rows.parent.parent).get("config", {}).get("step0_eval_from"):
             return rows
     return None
 
@@ -116,9 +125,7 @@ class Timeline:
 
     def poll(self, running: list[tuple[Path, subprocess.Popen]]) -> None:
         for run, _ in running:
-            path = run / "results/steps.jsonl"
-            n = sum(1 for _ in path.open()) if path.is_file() else 0
-            if n > self.rows.get(run.name, 0):
+            if (n := step_rows(run)) > self.rows.get(run.name, 0):
                 self.rows[run.name] = n
                 self.event("step", run=run.name, rows=n, live=len(running))
         if self.gpu and time.time() - self.last_gpu >= self.every_s:
@@ -303,10 +310,9 @@ class Gpu:
         return True
 
 
-CONTEXT_MIB = (
-    850  # a CUDA context and what torch reserves outside its pool: launch 1's leader, 14.44 GiB used
-)
-# on the device at its first row against 13.6 GiB reserved by torch
+# a CUDA context and what torch reserves outside its pool: launch 1's leader, 14.44 GiB used on the device at its
+# first row against 13.6 GiB reserved by torch
+CONTEXT_MIB = 850
 
 
 def row_memory(run: Path) -> tuple[float, float] | None:
@@ -359,12 +365,9 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     if b.get("gpu_memory_share") and not smoke:  # each run sized for its share, not for the whole GPU
         common += ["--gpu_memory_share", str(b["gpu_memory_share"])]
     # one compile cache for every run of the launch: the leader compiles, the others read (issue 60)
-    caches = {
-        "TORCHINDUCTOR_CACHE_DIR": str(work / "cache/inductor"),
-        "TRITON_CACHE_DIR": str(work / "cache/triton"),
-    }
+    cache_dirs = dict(zip(("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"), (str(work / c) for c in CACHES)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **caches}  # fmt: skip
+           "OMP_NUM_THREADS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **cache_dirs}  # fmt: skip
     mps = bool(b.get("mps")) and not smoke
     if mps:
         env.update(start_mps(work))
@@ -554,9 +557,7 @@ def progress(work: Path) -> str:
     """Each run's last step row, in one line."""
     steps = []
     for run in sorted(p for p in (work / "runs").glob("*") if p.is_dir()):
-        path = run / "results/steps.jsonl"
-        n = sum(1 for _ in path.open()) if path.is_file() else 0
-        steps.append(f"{run.name} {n}")
+        steps.append(f"{run.name} {step_rows(run)}")
     return ", ".join(steps) or "no runs yet"
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 import types
 from dataclasses import replace
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -316,13 +317,10 @@ def test_callback_fires_at_step_zero_every_n_and_at_the_last_step(tmp_path, mode
     assert resumed.last_step is None and not (tmp_path / "resumed").exists()
 
 
-@pytest.mark.slow
-def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
-    model, tok = load_checkpoint(tiny_base, "cpu")  # as the trainer and the command load it
-    spec = replace(SPEC, cap=40)
-    rows = run_eval(model, tok, TASKS_BY_SET, spec, step=5)  # what training evaluated at step 5
+def saved_run(tmp_path, model, tok, tiny_base, spec) -> Path:
+    """A run directory as training leaves it: step005/ verified as save_weights writes it, and run.json."""
     run_dir = tmp_path / "run"
-    model.save_pretrained(run_dir / "step005")  # ... and the checkpoint it saved
+    model.save_pretrained(run_dir / "step005")
     tok.save_pretrained(run_dir / "step005")
     write_manifest(run_dir / "step005")  # as save_weights does: the command verifies it first
     snapshot = tmp_path / "tiny.tasks.json"
@@ -334,6 +332,15 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
         "eval": spec.to_json(),
     }
     (run_dir / "run.json").write_text(json.dumps(run))
+    return run_dir
+
+
+@pytest.mark.slow
+def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
+    model, tok = load_checkpoint(tiny_base, "cpu")  # as the trainer and the command load it
+    spec = replace(SPEC, cap=40)
+    rows = run_eval(model, tok, TASKS_BY_SET, spec, step=5)  # what training evaluated at step 5
+    run_dir = saved_run(tmp_path, model, tok, tiny_base, spec)  # ... and the checkpoint it saved
     write_eval(run_dir, 5, rows)
     before = eval_path(run_dir, 5).read_bytes()
     assert main([str(run_dir), "--steps", "0,5", "--backend", "eager", "--device", "cpu"]) == 0
@@ -353,6 +360,7 @@ def test_standalone_command_reproduces_in_process_rows(tmp_path, tiny_base):
     weights.write_bytes(weights.read_bytes()[: 2**10])  # issue 30, case 2: never evaluated
     assert main([str(run_dir), "--steps", "5", "--cap", "16", "--backend", "eager"]) == 1
     assert not eval_path(run_dir, 5, 16).exists()
+    run = json.loads((run_dir / "run.json").read_text())
     run["snapshot"]["sha256"] = "0" * 64
     (run_dir / "run.json").write_text(json.dumps(run))
     assert main([str(run_dir), "--steps", "5", "--backend", "eager"]) == 1  # snapshot verified
@@ -370,19 +378,7 @@ def test_make_eval_at_a_cap_past_the_models_positions_is_one_line_and_writes_not
 
     monkeypatch.setattr(evaluation, "run_eval", generated)
     model, tok = load_checkpoint(tiny_base, "cpu")
-    run_dir = tmp_path / "run"
-    model.save_pretrained(run_dir / "step005")
-    tok.save_pretrained(run_dir / "step005")
-    write_manifest(run_dir / "step005")
-    snapshot = tmp_path / "tiny.tasks.json"
-    write_snapshot(TASKS, snapshot)
-    run = {
-        "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
-        "base_model": str(tiny_base),
-        "eval_sets": {name: [t["id"] for t in tasks] for name, tasks in TASKS_BY_SET.items()},
-        "eval": replace(SPEC, cap=40).to_json(),
-    }
-    (run_dir / "run.json").write_text(json.dumps(run))
+    run_dir = saved_run(tmp_path, model, tok, tiny_base, replace(SPEC, cap=40))
     before = sorted(run_dir.rglob("*"))
     assert main([str(run_dir), "--steps", "5", "--cap", "2040", "--backend", "eager", "--device", "cpu"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

@@ -228,3 +228,18 @@ def test_compile_caches_travel_to_the_next_lease_only_to_the_same_torch_triton_a
     (tmp_path / "cut.tar.gz").write_bytes(archive.read_bytes()[:100])
     with pytest.raises(SystemExit, match="cut.tar.gz: not a compile-cache archive"):
         runs.unpack_caches(tmp_path / "cut.tar.gz", tmp_path / "lease4")
+
+
+def test_the_15b_trial_figures_recompute_from_its_rows():
+    """docs/PERFORMANCE.md's 1.5B figures (one run alone at T 1.0, cap 384), from the lease folder's archive."""
+    import statistics
+
+    from rundir.files import read_jsonl
+
+    trial = ROOT / "docs/performance/h200-2026-12-04f/trial15/qwen15-S0-s900/results/steps.jsonl"
+    rows = read_jsonl(trial)
+    step = [sum(v for k, v in r["seconds"].items() if k not in ("eval", "grade_lost")) for r in rows]
+    assert len(rows) == 10 and round(statistics.median(step[1:]), 1) == 5.9  # steps 2-10, evaluation apart
+    assert round(rows[-1]["seconds"]["eval"]) == 14
+    reserved = [r["gpu_memory"]["peak_reserved_gib"] for r in rows]
+    assert round(min(reserved)) == 57 and round(max(reserved)) == 72

@@ -11,6 +11,8 @@ _EXPORTS = {
     "HELDOUT": "data.eval_sets",
     "EvalSets": "data.eval_sets",
     "choose_eval_sets": "data.eval_sets",
+    "RunTasks": "data.run_tasks",
+    "run_tasks": "data.run_tasks",
     "TaskSampler": "data.sampler",
     "pool_fingerprint": "data.sampler",
     "SnapshotError": "data.snapshot",

@@ -56,9 +56,19 @@ def write_json_atomic(path: Path, obj) -> None:
 
 
 def write_run_json(
-    run_dir: Path, args, *, base_model: str, architecture: str, snapshot: dict, eval_sets, eval_spec
+    run_dir: Path,
+    args,
+    *,
+    arm,
+    base_model: str,
+    architecture: str,
+    snapshot: dict,
+    eval_sets,
+    eval_spec,
+    launch: dict,
+    callbacks: list[dict],
 ) -> dict:
-    arm = args.resolved_arm()
+    """A new run's run.json, whole, in one write: `args` are the settings the trainer runs with."""
     info = {
         "arm": arm.name,
         "policy_id": arm.policy_id,
@@ -75,6 +85,8 @@ def write_run_json(
         "versions": versions(),
         "code": code_commit(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "launch": launch,
+        "callbacks": callbacks,
     }
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(run_dir / "run.json", info)

@@ -13,6 +13,7 @@ from rewards.grader import BatchReport, Grade
 from rewards.outcome import GRADER_VERSION, Outcome
 from trainer.config import CapGRPOConfig
 from trainer.grpo import CapGRPOTrainer
+from trainer.setup import decide
 
 G = 4
 CAP = 24
@@ -91,10 +92,11 @@ def make_trainer(tiny, out_dir, monkeypatch, arm: str, script: dict[str, str], *
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted_generation)
     kw = dict(STEP_ARGS, output_dir=str(out_dir / arm), arm=arm, groups_per_step=2, max_sampling_rounds=3)
     kw.update(overrides)
-    args = CapGRPOConfig(**kw)
+    args, run = decide(CapGRPOConfig(**kw), model, tok, tasks)
     trainer = CapGRPOTrainer(
         model,
         args,
+        run=run,
         tasks=tasks,
         sampler=TaskSampler(sorted(script), seed=0),
         grader=TextGrader(),

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from trl.trainer.callbacks import BEMACallback, RichProgressCallback, SyncRefModelCallback
 
 from rundir.state import StateError, load_state
-from trainer import train
+from trainer import setup, train
 from trainer.callbacks import (
     FrozenSafeBEMACallback,
     export_callback_state,
@@ -165,7 +165,7 @@ def test_a_refused_entry_is_one_line_before_the_model_loads(tmp_path, monkeypatc
     def touched(*args, **kwargs):
         raise AssertionError("the model was loaded before the callbacks were checked")
 
-    monkeypatch.setattr(train, "load_base_model", touched)
+    monkeypatch.setattr(setup, "load_base_model", touched)
     out = tmp_path / "run"
     argv = ["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(out), "--report_to", "none",
             "--callbacks", "trl.RichProgressCallback", "my_pkg.nowhere:MyCallback"]  # fmt: skip
@@ -350,7 +350,7 @@ def test_a_stopping_callback_ends_the_run_cleanly_and_it_resumes_exactly(
 def test_sync_ref_model_with_beta_runs_and_stateNNN_holds_the_reference(tiny_base, tmp_path, monkeypatch):
     """`sync_ref_model: true` (beta > 0): TRL adds SyncRefModelCallback with its reference model, which one
     step mixes toward the policy; export_callback_state saves that reference for the resume."""
-    model, _ = train.load_base_model(str(tiny_base), "float32")
+    model, _ = setup.load_base_model(str(tiny_base), "float32")
     tok = AutoTokenizer.from_pretrained(tiny_base, padding_side="left")
     script = {"p0": "CWTX", "p1": "CWWC", "p2": "CFWW", "p3": "WWWW"}
     trainer = make_trainer((tok, model), tmp_path, monkeypatch, "S2", script, beta=0.04, sync_ref_model=True,

@@ -165,7 +165,7 @@ def test_the_trainer_loss_passes_run_ours_when_the_config_says(tmp_path, monkeyp
         trainer = make_trainer(
             tiny, tmp_path / str(chunked), monkeypatch, "S2", script, chunked_gated_delta=chunked
         )
-        assert trainer.args.resolved_backends().chunked_gated_delta is chunked
+        assert trainer.run_setup.backends.chunked_gated_delta is chunked
         trainer.train()
         logs[chunked] = next(h for h in trainer.state.log_history if "loss" in h)
         assert getattr(modeling_qwen3_5, NAME) is REFERENCE  # put back after every pass

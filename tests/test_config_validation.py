@@ -8,7 +8,7 @@ import yaml
 from test_resume_refusals import REPO, ModelTouched, argv, inputs, refused  # noqa: F401  (inputs: a fixture)
 
 from rundir.run_json import RunDirError, update_run_json, write_json_atomic
-from trainer import train
+from trainer import setup, train
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 
 
@@ -148,7 +148,7 @@ def test_a_cap_past_the_models_positions_is_refused_before_run_json(tmp_path, ca
     def built(*args, **kwargs):
         raise ModelTouched("the trainer was built")
 
-    monkeypatch.setattr(train, "CapGRPOTrainer", built)
+    monkeypatch.setattr(setup, "CapGRPOTrainer", built)
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_:
         train.main(["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(run), "--report_to",

@@ -9,7 +9,8 @@ import torch
 from test_resume_refusals import ModelTouched, argv, inputs  # noqa: F401  (inputs: a fixture)
 from trl import ModelConfig, TrlParser
 
-from trainer import train
+from trainer import setup, train
+from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
 
 
@@ -28,7 +29,7 @@ def observed(monkeypatch):
                     benchmark=torch.backends.cudnn.benchmark, fill=torch.utils.deterministic.fill_uninitialized_memory)  # fmt: skip
         raise ModelTouched
 
-    monkeypatch.setattr(train, "load_base_model", touched)
+    monkeypatch.setattr(setup, "load_base_model", touched)
     yield seen
     torch.use_deterministic_algorithms(before[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
@@ -79,8 +80,7 @@ def test_compiled_generation_stays_the_default_under_the_flag():
     args.compiled_generation, args.use_cpu = None, False
     for deterministic in (True, False):
         args.deterministic = deterministic
-        args._decide_backends(world=1, cuda=True)  # what one CUDA process decides
-        assert args.resolved_backends().compiled_rollouts is True
+        assert decide_backends(args, world=1, cuda=True).compiled_rollouts is True  # one CUDA process
 
 
 def test_the_memory_fill_can_be_turned_off_for_deterministic_runs(inputs, observed):  # noqa: F811

@@ -98,7 +98,8 @@ def test_the_trainer_loss_passes_run_fla_conv_when_the_backends_say(tmp_path, mo
         fake_fla.clear()
         trainer = make_trainer(tiny_random_model(), tmp_path / str(on), monkeypatch, "S2", script)
         # this CPU cannot resolve it on (fla's kernel needs CUDA): the backends as a GPU run with fla records them
-        trainer.args._backends = dataclasses.replace(trainer.args.resolved_backends(), fla_conv=on)
+        run = trainer.run_setup
+        trainer.run_setup = dataclasses.replace(run, backends=dataclasses.replace(run.backends, fla_conv=on))
         trainer.train()
         logs[on] = next(h for h in trainer.state.log_history if "loss" in h)
         assert bool(fake_fla) is on
@@ -164,10 +165,10 @@ def fla_bound_on_every_device(monkeypatch):
 
 
 def _loaded(how: str):
-    from trainer import evaluation, train
+    from trainer import evaluation, setup
 
     if how == "make train":
-        return train.load_base_model(str(ROOT / "embedded/base"), "float32")[0]
+        return setup.load_base_model(str(ROOT / "embedded/base"), "float32")[0]
     if how == "make eval --device cpu":
         return evaluation.load_checkpoint(ROOT / "embedded/base", "cpu")[0]
     a = Namespace(hidden=32, layers=4, intermediate=64, vocab=300, seed=0, p_ended=0, cap=8)

@@ -12,11 +12,12 @@ import pytest
 from free_port import free_port
 from trl import ModelConfig
 
+from policy.arms import resolve_arm
 from rundir.state import StateError, save_state
 from rundir.step import write_manifest
 from trainer.checkpoint import load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError
-from trainer.train import resume_event
+from trainer.setup import check_resume
 
 PROBE = Path(__file__).with_name("fsdp2_probe.py")
 
@@ -61,7 +62,7 @@ def test_resume_refuses_another_process_count(tmp_path):
     with pytest.raises(
         StateError, match=r"state001: saved by 2 process\(es\), this launch has 1; .*--num_processes 2"
     ):
-        load_resume_state(run, args)
+        load_resume_state(run, args, resolve_arm("S2"))
 
 
 def test_resume_names_the_process_count_before_the_fields_it_implies(tmp_path):
@@ -74,4 +75,4 @@ def test_resume_names_the_process_count_before_the_fields_it_implies(tmp_path):
     with pytest.raises(
         ConfigError, match=r"launched with 2 process\(es\), this launch has 1; resume with --num_processes 2"
     ):
-        resume_event(run, args, ModelConfig(model_name_or_path="base"), {"sha256": None})
+        check_resume(run, args, ModelConfig(model_name_or_path="base"), resolve_arm("S2"), 1, {"sha256": None}, [])

@@ -16,9 +16,11 @@ from data.prompt import render_prompt
 from data.snapshot import load_snapshot
 from tests.scripted import STEP_ARGS, TextGrader, tiny_random_model
 from trainer import generation
+from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError
 from trainer.evaluation import EvalSpec, generate_eval
 from trainer.grpo import CapGRPOTrainer
+from trainer.setup import decide
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "embedded" / "base"
@@ -113,9 +115,11 @@ def trainer_on(tmp_path, compiled: bool, **kw):
             STEP_ARGS, output_dir=str(tmp_path / "run"), groups_per_step=2, compiled_generation=compiled, **kw
         )
     )
+    args, run = decide(args, model.float(), tok, tasks)
     return CapGRPOTrainer(
-        model.float(),
+        model,
         args,
+        run=run,
         tasks=tasks,
         sampler=TaskSampler(sorted(tasks), seed=0),
         grader=TextGrader(),
@@ -138,14 +142,12 @@ def test_trainer_default_on_cpu_is_trls_path(tmp_path):
     assert trainer_on(tmp_path, None).generation_shapes is None
 
 
-def test_config_refuses_compiled_generation_with_vllm_or_processes(monkeypatch, tmp_path):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ConfigError, match="compiled_generation"):
-        CapGRPOConfig(
-            **{k: v for k, v in STEP_ARGS.items() if k != "per_device_train_batch_size"}
-            | dict(output_dir=str(tmp_path), groups_per_step=2, compiled_generation=True),
-            per_device_train_batch_size=4,
-        )
+def test_setup_refuses_compiled_generation_with_vllm_or_processes(tmp_path):
+    args = CapGRPOConfig(**STEP_ARGS | dict(output_dir=str(tmp_path), groups_per_step=2, compiled_generation=True))
+    for world, use_vllm in ((2, False), (1, True)):
+        args.use_vllm = use_vllm
+        with pytest.raises(ConfigError, match="compiled_generation: one process"):
+            decide_backends(args, world=world, cuda=True)
 
 
 def test_eval_spec_records_its_backend(embedded):
@@ -416,11 +418,11 @@ def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     kw = {k: v for k, v in STEP_ARGS.items() if k != "use_cpu"}
     cpu = CapGRPOConfig(**kw, use_cpu=True, output_dir=str(tmp_path), groups_per_step=2)
-    assert not cpu.resolved_backends().compiled_rollouts
-    assert EvalSpec.from_config(cpu).generation == "eager"
+    backends = decide_backends(cpu, world=1, cuda=True)
+    assert not backends.compiled_rollouts and backends.eval_generation == "eager"
     cpu.use_cpu = False  # the same recipe on the GPU
-    cpu._decide_backends(world=1, cuda=True)
-    assert cpu.resolved_backends().compiled_rollouts and EvalSpec.from_config(cpu).generation == "compiled"
+    backends = decide_backends(cpu, world=1, cuda=True)
+    assert backends.compiled_rollouts and EvalSpec.from_config(cpu, backends.eval_generation).generation == "compiled"
 
 
 def test_deferred_stop_check_keeps_transformers_rule_and_is_scoped():

@@ -1,6 +1,7 @@
 """The GPU-only branches, checked on CPU: vLLM settings reaching TRL, the vLLM rollouts (and their log-probs)
 flowing through selection, CPUAdamW's default, per-sample eval seeds on the vLLM path, and the recipes."""
 
+import dataclasses
 import sys
 import types
 from pathlib import Path
@@ -10,13 +11,15 @@ import torch
 import trl.trainer.grpo_trainer as trl_grpo
 from trl import ModelConfig, TrlParser, get_peft_config
 
-import trainer.config as capgrpo_config
 from data.sampler import TaskSampler
 from tests.scripted import TEXT, TextGrader, tiny_random_model
+from trainer import setup
+from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.evaluation import EvalSpec, generate_eval, sample_seed
 from trainer.grpo import CapGRPOTrainer
+from trainer.micro_batch import MicroBatch
 
 REPO = Path(__file__).resolve().parent.parent
 G = 4
@@ -71,9 +74,11 @@ def make_trainer(tiny, tmp_path, **overrides) -> CapGRPOTrainer:
         seed=0,
     )
     kw.update(overrides)
+    args, run = setup.decide(CapGRPOConfig(**kw), model, tok, tasks)
     trainer = CapGRPOTrainer(
         model,
-        CapGRPOConfig(**kw),
+        args,
+        run=run,
         tasks=tasks,
         sampler=TaskSampler(sorted(tasks), seed=0),
         grader=TextGrader(),
@@ -87,7 +92,7 @@ def make_trainer(tiny, tmp_path, **overrides) -> CapGRPOTrainer:
 @pytest.mark.parametrize("mode", ["colocate", "server"])
 def test_vllm_settings_reach_trl_and_rollouts_flow_through_selection(tiny, tmp_path, monkeypatch, mode):
     monkeypatch.setattr(trl_grpo, "VLLMGeneration", FakeVLLM)
-    monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: True)  # the fake engine stands in
+    monkeypatch.setattr(setup, "vllm_installed", lambda: True)  # the fake engine stands in
     tok = tiny[0]
     trainer = make_trainer(
         tiny,
@@ -155,14 +160,15 @@ def test_transformers_generation_stays_off_vllm(tiny, tmp_path, monkeypatch):
 )
 def test_cpu_adamw_default(tiny, tmp_path, cpu_adamw, cuda, processes, expected):
     trainer = make_trainer(tiny, tmp_path, cpu_adamw=cpu_adamw)
-    # what __post_init__ decides for a GPU recipe (use_cpu false) on a machine with (or without) CUDA and this
+    # what the setup decides for a GPU recipe (use_cpu false) on a machine with (or without) CUDA and this
     # many processes
     trainer.args.use_cpu = False
-    trainer.args._decide_backends(world=processes, cuda=cuda)
+    backends = decide_backends(trainer.args, world=processes, cuda=cuda)
+    trainer.run_setup = dataclasses.replace(trainer.run_setup, backends=backends)
     trainer.optimizer = None
     optimizer = trainer.create_optimizer()
     assert type(optimizer) is expected
-    assert trainer.uses_cpu_adamw() == (expected is CPUAdamW)  # what run.json's launch.optimizer records
+    assert backends.cpu_adamw == (expected is CPUAdamW)  # what run.json's launch.optimizer records
     trainable = {id(p) for p in trainer.model.parameters() if p.requires_grad}
     assert {id(p) for g in optimizer.param_groups for p in g["params"]} == trainable
 
@@ -225,12 +231,16 @@ RECIPES = sorted(REPO.glob("configs/mimo9b*.yaml"))
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
 def test_recipes_parse(recipe, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")  # more would make TrainingArguments start torch.distributed
-    monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: True)
+    monkeypatch.setattr(setup, "vllm_installed", lambda: True)
     # bf16 recipes need `use_cpu` to parse on a machine without a GPU; nothing else is overridden
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
         ["--config", str(recipe), "--arm", "S4", "--use_cpu", "true"]
     )
-    assert args.arm == "S4" and args.resolved_arm().policy.gate == "v2" and args.bf16
+    arm = setup.resolve(args)
+    assert args.arm == "S4" and arm.policy.gate == "v2" and args.bf16
+    args = setup.settled(args, arm, world=1)
+    rows = args.per_device_train_batch_size
+    args = setup.batch_arithmetic(args, MicroBatch(rows, False, 0, "explicit"), world=1)
     # one GPU: our compiled generation (measured faster, docs/PERFORMANCE.md); LoRA keeps vLLM (unmeasured)
     assert args.use_vllm == recipe.stem.endswith("-lora")
     assert args.vllm_mode == "colocate" and args.max_completion_length == 8192
@@ -252,18 +262,18 @@ def test_recipes_parse(recipe, monkeypatch):
 
 def test_recipe_asking_for_vllm_falls_back_without_it(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
-    monkeypatch.setattr(capgrpo_config, "vllm_installed", lambda: False)
+    monkeypatch.setattr(setup, "vllm_installed", lambda: False)
+    args, _ = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
+        ["--config", str(REPO / "configs/mimo9b-lora.yaml"), "--use_cpu", "true"]
+    )
     with pytest.warns(UserWarning, match="vLLM is not installed"):
-        args, _ = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
-            ["--config", str(REPO / "configs/mimo9b-lora.yaml"), "--use_cpu", "true"]
-        )
-    assert not args.use_vllm
+        run = setup.settled(args, setup.resolve(args), world=1)
+    assert not run.use_vllm and args.use_vllm  # the run's settings; the declaration stays as written
 
 
 @pytest.mark.parametrize("extra", [[], ["--eval_every", "0", "--resume", "{run}"]])
 def test_deepspeed_launch_refuses_eval_and_resume(extra, monkeypatch, tmp_path):
     """ZeRO-3 partitions what in-training evaluation and stateNNN/ need whole: refused up front, by name."""
-    from trainer import train
 
     extra = [x.format(run=tmp_path / "run") for x in extra]  # a resume continues output_dir in place
     argv = ["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(tmp_path / "run"), *extra]
@@ -272,5 +282,5 @@ def test_deepspeed_launch_refuses_eval_and_resume(extra, monkeypatch, tmp_path):
         "ACCELERATE_USE_DEEPSPEED", "true"
     )  # after parsing: deepspeed itself is not installed here
     with pytest.raises(ValueError, match="under DeepSpeed set eval_every: 0 .* and do not --resume"):
-        train.build_trainer(args, model_args)
+        setup.build_trainer(args, model_args)
     assert not (tmp_path / "run").exists()  # nothing loaded, nothing written

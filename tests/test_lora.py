@@ -1,4 +1,4 @@
-"""LoRA through `trainer.train.build_trainer` with configs/mimo9b-lora.yaml's adapter settings, on the tiny
+"""LoRA through `trainer.setup.build_trainer` with configs/mimo9b-lora.yaml's adapter settings, on the tiny
 random model: one step trains only the adapter, and stepNNN/ is an adapter with a card that says so."""
 
 import json
@@ -11,8 +11,7 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 from trl import GRPOTrainer, ModelConfig
 
-import trainer.config as capgrpo_config
-import trainer.train as train
+import trainer.setup as setup
 from data.snapshot import write_snapshot
 from data.synthetic import generate_tasks
 from tests.scripted import TEXT, TextGrader, tiny_random_model
@@ -56,8 +55,8 @@ def lora_trainer(tmp_path, monkeypatch, **fields):
         return [rollouts[i % G] for i in range(len(prompt_ids))], None
 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", scripted)
-    # the run's pool (CapGRPOConfig.grader_pool) reads the outcome off the text
-    monkeypatch.setattr(capgrpo_config, "GraderPool", lambda **kw: TextGrader())
+    # the run's pool (setup.grader_pool) reads the outcome off the text
+    monkeypatch.setattr(setup, "GraderPool", lambda **kw: TextGrader())
     args = CapGRPOConfig(
         output_dir=str(tmp_path / "run"),
         arm="S2",
@@ -84,7 +83,7 @@ def lora_trainer(tmp_path, monkeypatch, **fields):
     recipe = yaml.safe_load(RECIPE.read_text())
     lora = {k: v for k, v in recipe.items() if k.startswith("lora_") or k == "use_peft"}
     model_args = ModelConfig(model_name_or_path=str(base), dtype="float32", **lora)
-    return train.build_trainer(args, model_args)
+    return setup.build_trainer(args, model_args)
 
 
 def train_one_step(tmp_path, monkeypatch):

@@ -7,7 +7,8 @@ import torch
 
 from data.prompt import SYSTEM_PROMPT
 from tests.scripted import G, make_trainer, tiny_random_model
-from trainer import micro_batch
+from trainer import micro_batch, setup
+from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError
 from trainer.grpo import CapGRPOTrainer
 
@@ -24,9 +25,15 @@ def row_bytes(text, tokens: int, cap: int, checkpointing: bool) -> float:
     return tokens * every + cap * completion
 
 
+def on_cpu(args):
+    """The backends of `args` decided on this machine (no CUDA), as the setup decides them."""
+    return decide_backends(args, world=1, cuda=False)
+
+
 def config(tmp_path, **kw) -> CapGRPOConfig:
     base = dict(output_dir=str(tmp_path), num_generations=G, groups_per_step=8, max_completion_length=CAP)
-    return CapGRPOConfig(**base | kw, use_cpu=True, bf16=False, report_to="none", max_steps=1)
+    args = CapGRPOConfig(**base | kw, use_cpu=True, bf16=False, report_to="none", max_steps=1)
+    return setup.settled(args, setup.resolve(args), world=1)  # the run's settings, which the sizing reads
 
 
 def test_a_fake_budget_gets_the_largest_micro_batch_that_fits(tiny, tmp_path):
@@ -37,27 +44,27 @@ def test_a_fake_budget_gets_the_largest_micro_batch_that_fits(tiny, tmp_path):
     plain, recomputed = (row_bytes(text, PROMPT + CAP, CAP, c) for c in (False, True))
     assert recomputed < 0.6 * plain  # checkpointing keeps the layers' inputs and one layer's activations
     budget = 4.5 * plain
-    chosen = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=budget)
+    chosen = micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=budget)
     # 4 rows of 64 tokens without checkpointing are far below SATURATING_TOKENS: recomputing buys more rows
     want = max(n for n in (32, 16, 8, 4, 2, 1) if n * recomputed <= budget)
     assert want > 4 and (chosen.rows, chosen.checkpointing) == (want, True)
     assert chosen.tokens_per_row == PROMPT + CAP
     args.gradient_checkpointing = False  # given: the micro-batch is sized under it
-    assert micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=budget).rows == 4
+    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=budget).rows == 4
     longer = config(tmp_path, gradient_checkpointing=False, max_completion_length=8 * CAP)
-    assert micro_batch.size_micro_batch(longer, model, PROMPT, budget_bytes=budget).rows == 1  # longer: fewer
+    assert micro_batch.size_micro_batch(longer, model, PROMPT, on_cpu(longer), budget_bytes=budget).rows == 1  # longer: fewer
 
 
 def test_given_settings_win(tiny, tmp_path):
     _, model = tiny
     tight = 1.5 * row_bytes(model.config.get_text_config(), PROMPT + CAP, CAP, False)
     args = config(tmp_path, per_device_train_batch_size=16, gradient_checkpointing=False)
-    chosen = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=tight)
+    chosen = micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=tight)
     assert (chosen.rows, chosen.checkpointing, chosen.basis) == (16, False, "explicit")
     rows_only = config(tmp_path, per_device_train_batch_size=16)
-    chosen = micro_batch.size_micro_batch(rows_only, model, PROMPT, budget_bytes=tight)
+    chosen = micro_batch.size_micro_batch(rows_only, model, PROMPT, on_cpu(rows_only), budget_bytes=tight)
     assert (chosen.rows, chosen.checkpointing) == (16, True)  # 16 rows do not fit without checkpointing
-    roomy = micro_batch.size_micro_batch(rows_only, model, PROMPT, budget_bytes=100 * tight)
+    roomy = micro_batch.size_micro_batch(rows_only, model, PROMPT, on_cpu(rows_only), budget_bytes=100 * tight)
     assert (roomy.rows, roomy.checkpointing) == (16, False)
 
 
@@ -74,15 +81,17 @@ def test_saturating_micro_batch_skips_checkpointing():
 
 
 def test_the_choice_sets_trls_batch_arithmetic(tmp_path):
-    args = config(tmp_path)
-    args.set_micro_batch(micro_batch.MicroBatch(8, False, 64, "test"))
+    declared = config(tmp_path)
+    args = setup.batch_arithmetic(declared, micro_batch.MicroBatch(8, False, 64, "test"), world=1)
+    assert declared.per_device_train_batch_size is None  # the declaration is never written to
+    assert declared.gradient_checkpointing is None
     rollouts = 8 * G
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (8, rollouts // 8)
     assert args.steps_per_generation == rollouts // 8 and args.generation_batch_size == rollouts
     assert args.gradient_checkpointing is False  # and activation_checkpointing, where it exists (5.2x)
     assert getattr(args, "activation_checkpointing", False) is False
     with pytest.raises(ConfigError, match="per_device_train_batch_size=3"):
-        args.set_micro_batch(micro_batch.MicroBatch(3, False, 64, "test"))
+        setup.batch_arithmetic(declared, micro_batch.MicroBatch(3, False, 64, "test"), world=1)
 
 
 def test_trainer_sizes_once_and_trains_one_step_in_those_micro_batches(tiny, tmp_path, monkeypatch):
@@ -90,7 +99,7 @@ def test_trainer_sizes_once_and_trains_one_step_in_those_micro_batches(tiny, tmp
     tok, _ = tiny
     script = {"p1": "CWCW", "p2": "CWWC"}
     trainer = make_trainer(tiny, tmp_path, monkeypatch, "S2", script, per_device_train_batch_size=None)
-    chosen = trainer.args.resolved_micro_batch()
+    chosen = trainer.run_setup.micro_batch
     assert chosen.basis == f"cpu: {micro_batch.CPU_TOKEN_BUDGET} tokens" and chosen.rows == 2 * G  # all fit
     longest = micro_batch.longest_prompt(tok, ["problem p1"], SYSTEM_PROMPT)
     assert chosen.tokens_per_row == longest + trainer.args.max_completion_length
@@ -100,7 +109,6 @@ def test_trainer_sizes_once_and_trains_one_step_in_those_micro_batches(tiny, tmp
         tiny, tmp_path / "small", monkeypatch, "S2", script, per_device_train_batch_size=None
     )
     assert trainer.args.per_device_train_batch_size == 2 and trainer.args.gradient_accumulation_steps == G
-    assert trainer.args.resolved_micro_batch() is trainer.args.resolved_micro_batch()
     passes = []
     loss = CapGRPOTrainer._compute_loss
     monkeypatch.setattr(
@@ -127,27 +135,27 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     total = (4.5 * row + weights + 3 * trainable + head) / (1 - micro_batch.RESERVE)  # 4.5 rows with AdamW
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
-    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 4
+    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 4
     used = (
         total * micro_batch.RESERVE + 2.4 * row
     )  # another process holds 2.4 rows beyond the reserve: 2.1 left
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total - used, total))
-    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2
+    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
     args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization = True, "colocate", 2.4 * row / total
-    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # the engine's share is not ours
+    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2  # the engine's share is not ours
     args.use_vllm = False
     args.gpu_memory_share = (weights + 3 * trainable + head + 2.2 * row) / (total * (1 - micro_batch.RESERVE))
-    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == 2  # one of several runs on this GPU
+    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2  # one of several runs on this GPU
     args.gpu_memory_share = 1.0
-    args._decide_backends(world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
+    gpu = decide_backends(args, world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
     # kept caches: the rollouts' (32 rows, prompt width 64 + cap) and the evaluation's (64 rows, 64 + cap)
-    cache = micro_batch.kept_caches_bytes(args, text, PROMPT, 4)
+    cache = micro_batch.kept_caches_bytes(args, gpu, text, PROMPT, 4)
     per_row = micro_batch.kept_cache_bytes(text, 1, 64 + CAP, 4)
     assert cache == (args.problems_per_round * G + args.eval_batch_size) * per_row > 0
     freed = 2 * trainable - cache  # moments moved to the host, the kept cache added
     want = next((n for n in (32, 16, 8, 4, 2, 1) if n * row <= 4.5 * row + freed), 1)
-    assert micro_batch.size_micro_batch(args, model, PROMPT).rows == want != 4
+    assert micro_batch.size_micro_batch(args, model, PROMPT, gpu).rows == want != 4
 
 
 def _activation_memory():
@@ -203,23 +211,22 @@ def test_adamw_state_goes_to_the_gpu_only_when_the_same_micro_batch_fits_beside_
     state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     row = row_bytes(text, PROMPT + CAP, CAP, False)
     args = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False)  # 32 rollouts
-    roomy = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=32 * row + state)
+    roomy = micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=32 * row + state)
     assert (roomy.rows, roomy.adamw_state_on_gpu) == (32, True)
     # a budget the state would take a row from: the state stays on the host and the micro-batch keeps 32 rows
-    tight = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=32 * row + state / 2)
+    tight = micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=32 * row + state / 2)
     assert (tight.rows, tight.adamw_state_on_gpu) == (32, False)
     # asked for: the micro-batch is sized in what the state leaves
     forced = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, adamw_state_on_gpu=True)
-    chosen = micro_batch.size_micro_batch(forced, model, PROMPT, budget_bytes=32 * row + state / 2)
+    chosen = micro_batch.size_micro_batch(forced, model, PROMPT, on_cpu(forced), budget_bytes=32 * row + state / 2)
     assert (chosen.rows, chosen.adamw_state_on_gpu) == (16, True)
     off = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, adamw_state_on_gpu=False)
-    assert not micro_batch.size_micro_batch(off, model, PROMPT, budget_bytes=1e15).adamw_state_on_gpu
+    assert not micro_batch.size_micro_batch(off, model, PROMPT, on_cpu(off), budget_bytes=1e15).adamw_state_on_gpu
     # torch's AdamW keeps its own state on the device: nothing to decide, and asking for it is refused
-    assert not micro_batch.size_micro_batch(
-        config(tmp_path), model, PROMPT, budget_bytes=1e15
+    assert not micro_batch.size_micro_batch(config(tmp_path), model, PROMPT, on_cpu(config(tmp_path)), budget_bytes=1e15
     ).adamw_state_on_gpu
     with pytest.raises(ConfigError, match="adamw_state_on_gpu: true needs CPUAdamW"):
-        config(tmp_path, cpu_adamw=False, adamw_state_on_gpu=True)
+        on_cpu(config(tmp_path, cpu_adamw=False, adamw_state_on_gpu=True))
 
 
 def test_adamw_state_takes_rows_from_a_micro_batch_that_still_saturates(tiny, tmp_path):
@@ -230,12 +237,12 @@ def test_adamw_state_takes_rows_from_a_micro_batch_that_still_saturates(tiny, tm
     state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     row = row_bytes(text, PROMPT + cap, cap, False)
     args = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, max_completion_length=cap)
-    long = micro_batch.size_micro_batch(args, model, PROMPT, budget_bytes=2 * row + state / 2)
+    long = micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=2 * row + state / 2)
     assert (long.rows, long.checkpointing, long.adamw_state_on_gpu) == (1, False, True)
     # the same budget at rows of 64 tokens: half the rows would no longer saturate, so the state stays home
     short = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False)
     budget = 32 * row_bytes(text, PROMPT + CAP, CAP, False) + state / 2
-    assert micro_batch.size_micro_batch(short, model, PROMPT, budget_bytes=budget).adamw_state_on_gpu is False
+    assert micro_batch.size_micro_batch(short, model, PROMPT, on_cpu(short), budget_bytes=budget).adamw_state_on_gpu is False
 
 
 @pytest.mark.parametrize("measured", ["act.json", "act_conv.json"])

@@ -10,6 +10,7 @@ import logging
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,10 @@ from data.snapshot import write_snapshot
 from rundir.run_json import record_resume, versions
 from rundir.state import capture_rng_state, save_state
 from rundir.step import write_manifest
-from trainer import train
+from trainer import setup, train
 from trainer.checkpoint import is_verified, prune_states
 from trainer.config import CapGRPOConfig
+from trainer.micro_batch import MicroBatch
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = "affine-unresolved-zero-reward-active-v1"  # S2's
@@ -54,7 +56,7 @@ def inputs(tmp_path, monkeypatch) -> dict:
     def touched(*args, **kwargs):
         raise ModelTouched
 
-    monkeypatch.setattr(train, "load_base_model", touched)
+    monkeypatch.setattr(setup, "load_base_model", touched)
     return {"snapshot": snapshot, "base": base, "run": tmp_path / "runs" / "S2"}
 
 
@@ -68,6 +70,8 @@ def argv(inputs: dict, *extra: str) -> list[str]:
 def make_run(inputs: dict, states=(2, 3)) -> Path:
     """A run stopped after step 3 with states at 2 and 3, in the format train.py writes."""
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv(inputs))
+    args = setup.settled(args, setup.resolve(args), world=1)  # the run's settings, as run.json records them
+    args = setup.batch_arithmetic(args, MicroBatch(args.per_device_train_batch_size, False, 0, "explicit"), 1)
     run = inputs["run"]
     (run / "results").mkdir(parents=True)
     info = {"arm": "S2", "policy_id": POLICY, "config": json.loads(args.to_json_string()),
@@ -384,7 +388,7 @@ def test_ctrl_c_prints_one_line_with_the_step_and_the_resume(inputs, capsys, mon
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train, "load_base_model", interrupted)
+    monkeypatch.setattr(setup, "load_base_model", interrupted)
     with pytest.raises(SystemExit) as exit:
         train.main(argv(inputs, "--resume", str(run)))
     assert exit.value.code == 130
@@ -400,7 +404,7 @@ def test_a_full_disk_outside_the_savers_is_one_line_naming_the_file(inputs, caps
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(inputs["run"] / "runs" / "events.out"))
 
-    monkeypatch.setattr(train, "load_base_model", full)
+    monkeypatch.setattr(setup, "load_base_model", full)
     line = refused(inputs, capsys, "--resume", str(inputs["run"]))
     assert (
         line
@@ -416,12 +420,15 @@ def test_resume_trains_in_the_runs_recorded_micro_batches(inputs, monkeypatch):
     recorded = {"rows": 16, "checkpointing": False, "tokens_per_row": 220, "basis": "explicit"}
     (run / "run.json").write_text(json.dumps({**info, "launch": {"micro_batch": recorded}}))
     adopted = []
-    set_micro_batch = CapGRPOConfig.set_micro_batch
-    monkeypatch.setattr(
-        CapGRPOConfig,
-        "set_micro_batch",
-        lambda self, c: adopted.append(c.to_json()) or set_micro_batch(self, c),
-    )
+
+    def built(model, args, *, run, **kwargs):
+        adopted.append(run.micro_batch.to_json())
+        raise ModelTouched
+
+    monkeypatch.setattr(setup, "load_base_model", lambda *a: (types.SimpleNamespace(config=None), "Stub"))
+    monkeypatch.setattr(setup, "refuse_past_positions", lambda *a: None)
+    monkeypatch.setattr(setup.AutoTokenizer, "from_pretrained", lambda *a, **k: None)
+    monkeypatch.setattr(setup, "CapGRPOTrainer", built)
     accepted(inputs, "--resume", str(run))
     # a run.json from before adamw_state_on_gpu resumes with the state where it was: on the host
     assert adopted == [{**recorded, "adamw_state_on_gpu": False}]

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-import trainer.config as capgrpo_config
 from data.eval_sets import FIXED, HELDOUT
 from data.snapshot import snapshot_sha256, write_snapshot
 from rewards.grader import Grade
 from rewards.outcome import GRADER_VERSIONS, Outcome
 from tests.scripted import tiny_random_model
-from trainer import evaluation
+from trainer import evaluation, setup
+from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError, grader_limits
 
 TASKS = [{"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(3)]
@@ -59,13 +59,13 @@ def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
 
 
 def test_training_builds_its_pool_from_the_config(tmp_path, monkeypatch):
-    monkeypatch.setattr(capgrpo_config, "GraderPool", RecordingPool)
+    monkeypatch.setattr(setup, "GraderPool", RecordingPool)
     RecordingPool.built.clear()
     args = CapGRPOConfig(
         output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none",
         grader="v2", grader_timeout_s=3.0, grader_memory_mb=512, grader_workers=1,
     )  # fmt: skip
-    args.grader_pool()
+    setup.grader_pool(args)
     assert RecordingPool.built == [{"workers": 1, "timeout_s": 3.0, "memory_mb": 512, "grader": "v2"}]
 
 
@@ -104,11 +104,9 @@ def test_grader_limits_default_to_the_configs(tmp_path):
         ({"chunked_gated_delta": False}, True, 1, (True, True, "compiled", False, False)),
     ],
 )
-def test_backends_are_decided_once_in_the_config(tmp_path, monkeypatch, fields, cuda, world, want):
-    monkeypatch.setattr(capgrpo_config, "FLA", False)  # a machine without fla (with it: the tests below)
+def test_backends_are_decided_once_by_the_setup(tmp_path, monkeypatch, fields, cuda, world, want):
     args = CapGRPOConfig(output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", **fields)
-    args._decide_backends(world=world, cuda=cuda)  # what __post_init__ decides on such a machine
-    b = args.resolved_backends()
+    b = decide_backends(args, world=world, cuda=cuda, fla=False)  # on such a machine, without fla
     assert (b.compiled_rollouts, b.cpu_adamw, b.eval_generation, b.chunked_gated_delta, b.fla_conv) == want
     names = ("compiled_rollouts", "cpu_adamw", "eval_generation", "chunked_gated_delta", "fla_conv")
     assert b.to_json() == dict(zip(names, want))
@@ -117,9 +115,6 @@ def test_backends_are_decided_once_in_the_config(tmp_path, monkeypatch, fields, 
 def test_with_fla_installed_a_gpu_run_records_that_ours_is_not_in_the_training_pass(tmp_path, monkeypatch):
     """transformers binds fla's kernels when fla imports and our block steps aside, so run.json's backends
     must not claim our rule ran (what the H200's fla rows were read by)."""
-    from trainer import config
-
-    monkeypatch.setattr(config, "FLA", True)
     for asked in (None, True):
         args = CapGRPOConfig(
             output_dir=str(tmp_path),
@@ -128,8 +123,7 @@ def test_with_fla_installed_a_gpu_run_records_that_ours_is_not_in_the_training_p
             report_to="none",
             chunked_gated_delta=asked,
         )
-        args._decide_backends(world=1, cuda=True)
-        assert args.resolved_backends().chunked_gated_delta is False
+        assert decide_backends(args, world=1, cuda=True, fla=True).chunked_gated_delta is False
 
 
 @pytest.mark.parametrize(
@@ -139,16 +133,12 @@ def test_with_fla_installed_a_gpu_run_records_that_ours_is_not_in_the_training_p
 def test_with_fla_installed_gpu_runs_take_its_causal_conv_unless_told_not_to(
     tmp_path, monkeypatch, asked, use_cpu, want
 ):
-    from trainer import config
-
-    monkeypatch.setattr(config, "FLA", True)
     args = CapGRPOConfig(
         output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", use_cpu=use_cpu
     )
     args.fla_causal_conv = asked  # as a recipe would ask on a GPU machine (this one may have none)
-    args._decide_backends(world=1, cuda=True)
-    assert args.resolved_backends().fla_conv is want
-    assert args.resolved_backends().to_json()["fla_conv"] is want
+    backends = decide_backends(args, world=1, cuda=True, fla=True)
+    assert backends.fla_conv is want and backends.to_json()["fla_conv"] is want
 
 
 @pytest.mark.parametrize(
@@ -159,12 +149,9 @@ def test_with_fla_installed_gpu_runs_take_its_causal_conv_unless_told_not_to(
 def test_fla_causal_conv_where_it_cannot_run_is_refused_in_one_line(
     tmp_path, monkeypatch, fla, cuda, use_cpu, why
 ):
-    from trainer import config
-
-    monkeypatch.setattr(config, "FLA", fla)
     args = CapGRPOConfig(
         output_dir=str(tmp_path), num_generations=2, bf16=False, report_to="none", use_cpu=use_cpu
     )
     args.fla_causal_conv = True  # as a recipe on such a machine would ask
     with pytest.raises(ConfigError, match=f"^fla_causal_conv: true {why}"):
-        args._decide_backends(world=1, cuda=cuda)
+        decide_backends(args, world=1, cuda=cuda, fla=fla)

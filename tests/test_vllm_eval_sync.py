@@ -3,6 +3,7 @@ whether evaluation or the next step's rollouts ask first. `make test-vllm` runs 
 
 from types import SimpleNamespace
 
+from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig
 from trainer.evaluation import EvalSpec
 from trainer.grpo import CapGRPOTrainer
@@ -39,11 +40,10 @@ def test_only_one_colocated_process_evaluates_on_the_engine(tmp_path):
         output_dir=str(tmp_path), num_generations=2, use_cpu=True, bf16=False, report_to="none", max_steps=1
     )
     args.use_vllm, args.vllm_mode = True, "colocate"  # vLLM is not installed here: set past __post_init__
-    args._decide_backends(world=1, cuda=True)
-    assert args.resolved_backends().eval_generation == "vllm" == EvalSpec.from_config(args).generation
+    generation = decide_backends(args, world=1, cuda=True).eval_generation
+    assert generation == "vllm" == EvalSpec.from_config(args, generation).generation
     for change, world in (({"vllm_mode": "server"}, 1), ({}, 2), ({"use_vllm": False}, 1)):
         for name, value in change.items():
             setattr(args, name, value)
-        args._decide_backends(world=world, cuda=True)
-        assert args.resolved_backends().eval_generation != "vllm"
+        assert decide_backends(args, world=world, cuda=True).eval_generation != "vllm"
         args.use_vllm, args.vllm_mode = True, "colocate"

@@ -296,6 +296,7 @@ class Resume(NamedTuple):
     tensors: dict[str, torch.Tensor]
     meta: dict
     skipped: list[str]  # broken newer states passed over under --resume-fallback, with what is wrong
+    event: dict = {}  # run.json's resume event: the accepted config changes, new versions (trainer/setup.py)
 
 
 def _usable(run_dir: Path, state: Path, steps_logged: set[int]) -> tuple[dict[str, torch.Tensor], dict]:
@@ -316,7 +317,7 @@ def _usable(run_dir: Path, state: Path, steps_logged: set[int]) -> tuple[dict[st
     return tensors, meta
 
 
-def load_resume_state(run_dir: Path, args) -> Resume:
+def load_resume_state(run_dir: Path, args, arm) -> Resume:
     """The newest complete stateNNN/ of `run_dir` with its stepNNN/, every hash verified before the model is
     touched. A newer broken state is named and refused unless `args.resume_fallback`. A run with no state
     at all (killed before its first one) starts over from step 0 (`state` None)."""
@@ -354,7 +355,6 @@ def load_resume_state(run_dir: Path, args) -> Resume:
         logger.warning("--resume-fallback: skipping a broken state: %s", reason)
     if chosen is None:
         return Resume(None, {}, {"step": 0}, broken)
-    arm = args.resolved_arm()
     for field, value in (("arm", arm.name), ("policy_id", arm.policy_id)):
         if meta.get(field) != value:  # another arm's state: never a fallback
             raise StateError(

@@ -1,27 +1,16 @@
 """`CapGRPOConfig`: TRL's `GRPOConfig` plus the fields of a cap-policy experiment (SPEC §3–6)."""
 
 import dataclasses
-import importlib.util
 import json
 import math
 import os
-import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-import torch
 from trl import GRPOConfig
 
 from data.prompt import SYSTEM_PROMPT
-from policy.arms import Arm, resolve_arm
-from rewards.grader import GraderPool
 from rewards.outcome import GRADER_VERSIONS
-from trainer.chunked_gated_delta import FLA
 from trainer.generation import PROMPT_MULTIPLE
-from trainer.micro_batch import MicroBatch
-
-
-def vllm_installed() -> bool:
-    return importlib.util.find_spec("vllm") is not None
 
 
 class ConfigError(ValueError):
@@ -57,21 +46,6 @@ def _refuse_in(name: str, value) -> None:
     elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
             _refuse_in(f"{name}[{i}]", item)
-
-
-@dataclass(frozen=True)
-class Backends:
-    compiled_rollouts: bool  # rollouts generate at fixed shapes, compiled on CUDA (trainer/generation.py)
-    cpu_adamw: bool  # the optimizer is CPUAdamW (trainer/cpu_adamw.py)
-    eval_generation: str  # what in-training evaluation generates with: one of generation.BACKENDS
-    chunked_gated_delta: (
-        bool  # the training pass runs our chunked gated delta rule (trainer/chunked_gated_delta.py)
-    )
-    fla_conv: bool = False  # the training pass's causal conv is fla's Triton kernel (trainer/fla_conv.py)
-
-    def to_json(self) -> dict:
-        """run.json `launch.backends`."""
-        return asdict(self)
 
 
 GRADER_LIMITS = {
@@ -269,104 +243,43 @@ class CapGRPOConfig(GRPOConfig):
     )  # fmt: skip
 
     def __post_init__(self):
+        """A declaration: recipe values parsed and checked, nothing decided (trainer/setup.py decides)."""
         if isinstance(self.arms, str):
             try:
                 self.arms = json.loads(self.arms)
             except json.JSONDecodeError as e:
                 raise ConfigError(f"arms: not a JSON mapping ({e})") from None
         refuse_absurd_numbers(self)  # first: every check below compares numbers
-        if self.use_vllm and not vllm_installed():
-            # Recipes for the real run ask for vLLM; without it TRL's transformers generation is used.
-            warnings.warn(
-                "use_vllm is set but vLLM is not installed: generating with transformers", stacklevel=2
-            )
-            self.use_vllm = False
-        try:  # resolved once, here: the trainer, run.json and the resume check all read this Arm
-            arm = self._arm = resolve_arm(self.arm, self.arms)
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"arm: {e}") from None
-        if self.groups_per_step is None:
-            self.groups_per_step = arm.groups_per_step
-        if self.problems_per_round is None:
-            self.problems_per_round = self.groups_per_step
         if self.task_seed is None:
             self.task_seed = self.seed
         if not self.output_dir:
             self.output_dir = self.resume or f"runs/{self.arm}"
         self.validate()
-        # One optimizer step = exactly groups_per_step × G rollouts, generated once and split into
-        # gradient-accumulation micro-batches; the derived sizes below are what TRL's own checks expect.
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rollouts = self.groups_per_step * self.num_generations
-        if rollouts % world:
-            raise ConfigError(
-                f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} processes"
-            )
-        if self.compiled_generation and (self.use_vllm or world > 1):
-            raise ConfigError("compiled_generation: one process generating with transformers only (no vLLM)")
-        if self.problems_per_round % world:
-            raise ConfigError(
-                f"problems_per_round={self.problems_per_round} must be divisible by {world} processes"
-            )
-        # unset micro-batch or checkpointing: the trainer sizes them (set_micro_batch); until then TRL's checks
-        # see one micro-batch per process, and both read None
-        auto_rows = self.per_device_train_batch_size is None
-        auto_ckpt = (
-            getattr(self, "activation_checkpointing", None) is None and self.gradient_checkpointing is None
-        )
-        self._micro_batch = None
-        self._set_accumulation(rollouts // world if auto_rows else self.per_device_train_batch_size, world)
-        self.steps_per_generation = None
-        self.generation_batch_size = None
+        # TRL's own checks need a batch to check; the run's comes from setup (trainer/setup.py batch_arithmetic),
+        # so these stand-ins (one group per micro-batch) are dropped again below
+        rows = self.per_device_train_batch_size
+        ckpt = self.gradient_checkpointing
+        if ckpt is None:
+            ckpt = getattr(self, "activation_checkpointing", None)
+        self.per_device_train_batch_size, self.gradient_accumulation_steps = self.num_generations, 1
+        self.steps_per_generation = self.generation_batch_size = None
         self.logging_steps = 1  # steps.jsonl has one row per optimizer step
         self.save_strategy = "no"  # the Trainer's checkpoints pickle the optimizer; ours are safetensors
         super().__post_init__()
         if self.num_iterations != 1:
             raise ConfigError("num_iterations: must be 1 (each step trains once on freshly selected groups)")
-        if auto_rows:
-            self.per_device_train_batch_size = self.gradient_accumulation_steps = None
-            self.steps_per_generation = None
-        if auto_ckpt:
-            self._set_checkpointing(None)
-        self._decide_backends(world, torch.cuda.is_available())
-        if self.adamw_state_on_gpu and not self._backends.cpu_adamw:
-            raise ConfigError(
-                "adamw_state_on_gpu: true needs CPUAdamW (cpu_adamw, on by default for one GPU)"
-            )
-
-    def _set_accumulation(self, rows: int, world: int) -> None:
-        rollouts = self.groups_per_step * self.num_generations
-        if rollouts % (world * rows):
-            raise ConfigError(
-                f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
-                f"process(es) × per_device_train_batch_size={rows}"
-            )
         self.per_device_train_batch_size = rows
-        self.gradient_accumulation_steps = rollouts // (world * rows)
-
-    def set_micro_batch(self, chosen: MicroBatch) -> None:
-        """The trainer's sizing (trainer/micro_batch.py), with the batch arithmetic TRL derives from it."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        self._set_accumulation(chosen.rows, world)
-        self.steps_per_generation = self.gradient_accumulation_steps  # as GRPOConfig derives it
-        self.generation_batch_size = self.groups_per_step * self.num_generations
-        self._set_checkpointing(chosen.checkpointing)
-        self._micro_batch = chosen
-
-    def _set_checkpointing(self, value: bool | None) -> None:
-        """transformers >= 5.2x renamed gradient_checkpointing to activation_checkpointing (the old name kept);
-        the GPU machine's 5.17 has only the old one."""
-        self.gradient_checkpointing = value
-        if hasattr(self, "activation_checkpointing"):
-            self.activation_checkpointing = value
-
-    def resolved_micro_batch(self) -> MicroBatch | None:
-        """The micro-batch the trainer chose (None before a trainer was built on this config)."""
-        return self._micro_batch
+        self.gradient_accumulation_steps = self.steps_per_generation = self.generation_batch_size = None
+        set_checkpointing(self, ckpt)  # unset: decided with the micro-batch
 
     def validate(self) -> None:
         """Our fields (and the TRL ones we depend on) checked before any model or file is touched."""
-        positive = ("groups_per_step", "problems_per_round", "max_sampling_rounds", "max_completion_length",
+        for name in ("groups_per_step", "problems_per_round"):  # unset: the arm's (trainer/setup.py)
+            if (value := getattr(self, name)) is not None and (
+                not isinstance(value, int) or isinstance(value, bool) or value <= 0
+            ):
+                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+        positive = ("max_sampling_rounds", "max_completion_length",
                     "eval_batch_size", "fixed_samples", "heldout_samples",
                     "grader_workers", "grader_memory_mb", "cpu_threads", "prompt_multiple")  # fmt: skip
         for name in positive:
@@ -438,50 +351,13 @@ class CapGRPOConfig(GRPOConfig):
         if self.grader not in GRADER_VERSIONS:  # the command line checks `choices`; a YAML recipe does not
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 
-    def _decide_backends(self, world: int, cuda: bool) -> None:
-        """The "auto" backends, decided once here (run.json `launch.backends`): compiled rollouts on one CUDA
-        process without vLLM (asked for on a CPU, the fixed shapes and static cache run
-        eagerly: transformers compiles generation on accelerators only), CPUAdamW for single-process GPU runs,
-        our chunked gated delta rule in GPU training passes (fla's rule and conv where fla is installed), and
-        in-training evaluation on the colocated vLLM engine with one process (under FSDP pushing weights is a
-        collective, and only the main process evaluates)."""
-        compiled = self.compiled_generation
-        if compiled is None:  # use_cpu: the model stays on the CPU even where CUDA is present
-            compiled = cuda and not self.use_cpu and world == 1 and not self.use_vllm
-        cpu_adamw = self.cpu_adamw
-        if cpu_adamw is None:  # use_cpu on a GPU host: torch's AdamW, as on a CPU machine (the H200's suite)
-            cpu_adamw = cuda and not self.use_cpu and world == 1
-        vllm_evaluates = self.use_vllm and self.vllm_mode == "colocate" and world == 1
-        evaluation = "vllm" if vllm_evaluates else "compiled" if compiled else "eager"
-        chunked = self.chunked_gated_delta
-        if chunked is None:  # CPU runs keep transformers' function, so their recorded rows recompute bitwise
-            chunked = cuda and not self.use_cpu
-        # with fla installed transformers binds fla's kernels and ours steps aside, asked for or not
-        chunked = chunked and not FLA
-        if self.fla_causal_conv and not FLA:
-            raise ConfigError(
-                "fla_causal_conv: true needs flash-linear-attention installed (pip install '.[fla]')"
-            )
-        if self.fla_causal_conv and not (cuda and not self.use_cpu):
-            raise ConfigError(
-                "fla_causal_conv: true needs CUDA (fla's kernel is Triton's); leave it unset here"
-            )
-        fla_conv = self.fla_causal_conv
-        if fla_conv is None:
-            fla_conv = FLA and cuda and not self.use_cpu
-        self._backends = Backends(compiled, cpu_adamw, evaluation, chunked, fla_conv)
 
-    def resolved_backends(self) -> Backends:
-        """Generation, optimizer and evaluation backends, as __post_init__ decided them."""
-        return self._backends
-
-    def grader_pool(self) -> GraderPool:
-        """The run's grader pool: its limits come from here only (`make eval` reads them from run.json)."""
-        return GraderPool(**grader_limits(vars(self)), grader=self.grader)
-
-    def resolved_arm(self) -> Arm:
-        """The arm (policy, gate, groups per step) of `arm` and `arms`, as __post_init__ resolved it."""
-        return self._arm
+def set_checkpointing(args, value: bool | None) -> None:
+    """transformers >= 5.2x renamed gradient_checkpointing to activation_checkpointing (the old name kept, mirrored
+    at __post_init__); the GPU machine's 5.17 has only the old one."""
+    args.gradient_checkpointing = value
+    if hasattr(args, "activation_checkpointing"):
+        args.activation_checkpointing = value
 
 
 # --- resume: which differences from the run's own config keep a resume exact ----------------------------

@@ -105,8 +105,9 @@ class EvalSpec:
         }
 
     @classmethod
-    def from_config(cls, args) -> EvalSpec:
-        """A run's spec from its CapGRPOConfig: unset sampling settings are training's (SPEC §5)."""
+    def from_config(cls, args, generation: str) -> EvalSpec:
+        """A run's spec from its CapGRPOConfig and evaluation backend (trainer/backends.py): unset sampling
+        settings are training's (SPEC §5)."""
         return cls(
             cap=args.eval_cap or args.max_completion_length,
             temperature=args.eval_temperature if args.eval_temperature is not None else args.temperature,
@@ -114,7 +115,7 @@ class EvalSpec:
             seed=args.eval_seed,
             samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
             batch_size=args.eval_batch_size,
-            generation=args.resolved_backends().eval_generation,
+            generation=generation,
             system_prompt=args.system_prompt,
         )
 

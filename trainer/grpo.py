@@ -30,16 +30,19 @@ from trl.models import unwrap_model_for_generation
 from cards.push import push
 from cards.run_card import write_run_card
 from data.prompt import prompt_messages
+from policy.arms import Arm
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import cpu_generation, generation, lora_push, micro_batch, sampler_agreement
+from trainer import cpu_generation, generation, lora_push, sampler_agreement
+from trainer.backends import Backends
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
 from trainer.chunked_gated_delta import chunked_gated_delta, torch_on_cpu
 from trainer.compiled_parts import compiled_parts
 from trainer.config import CapGRPOConfig
 from trainer.cpu_adamw import CPUAdamW
 from trainer.fla_conv import fla_conv
+from trainer.micro_batch import MicroBatch
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
 from trainer.step_record import StepRecord
 
@@ -48,6 +51,15 @@ def step_tickets(args: CapGRPOConfig) -> Dataset:
     """The Trainer's dataset: one epoch = one optimizer step. Problems come from the task sampler instead,
     because how many a step needs is only known after grading."""
     return Dataset.from_dict({"prompt": [prompt_messages("")] * args.groups_per_step})
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What the run's setup decided (trainer/setup.py), which the trainer follows: run.json `arm`, `launch`."""
+
+    arm: Arm  # the cap policy, its gate and groups per step
+    backends: Backends
+    micro_batch: MicroBatch  # TRL's batch arithmetic in the trainer's args comes from it
 
 
 @dataclass(frozen=True)
@@ -75,6 +87,7 @@ class CapGRPOTrainer(GRPOTrainer):
         model,
         args: CapGRPOConfig,
         *,
+        run: RunSetup,
         tasks: dict[str, dict],
         sampler,
         grader,
@@ -87,15 +100,12 @@ class CapGRPOTrainer(GRPOTrainer):
         torch.backends.cuda.enable_cudnn_sdp(False)
         self.tasks = tasks  # task id -> {"problem", "answer", ...} of the training pool
         self.task_sampler = sampler
-        self.arm = args.resolved_arm()
+        self.run_setup = run
+        self.arm = run.arm
         self.policy = self.arm.policy
         self.policy.check(args.max_completion_length, args.loss_type)
         eos = model.generation_config.eos_token_id
         self.outcome_reward = OutcomeReward(eos if isinstance(eos, list) else [eos], pool=grader)
-        if args.resolved_micro_batch() is None:  # sized once, before TRL reads the batch arithmetic
-            problems = [t["problem"] for t in tasks.values()]
-            longest = micro_batch.longest_prompt(kwargs["processing_class"], problems, args.system_prompt)
-            args.set_micro_batch(micro_batch.size_micro_batch(args, model, longest))
         super().__init__(
             model=model,
             reward_funcs=[self.outcome_reward],
@@ -109,7 +119,7 @@ class CapGRPOTrainer(GRPOTrainer):
             self
         )  # LoRA pushes to vLLM leave the base weights as they were (trainer/lora_push.py)
         self.generation_shapes = None  # None: TRL's generation path
-        if args.resolved_backends().compiled_rollouts:
+        if run.backends.compiled_rollouts:
             rows = args.generation_rows or args.problems_per_round * self.num_generations
             self.generation_shapes = generation.FixedShapes(
                 rows, args.prompt_multiple, args.max_completion_length
@@ -345,7 +355,7 @@ class CapGRPOTrainer(GRPOTrainer):
         # Keep the loss pass's log-probs so the step can report their median over active tokens; on GPUs the
         # forward runs our chunked gated delta rule (its backward moves ~half the bytes of transformers') or,
         # with fla installed, fla's rule and causal conv; with compile_norms_mlp fused norms and MLPs.
-        backends = self.args.resolved_backends()
+        backends = self.run_setup.backends
         rule = (
             chunked_gated_delta(self.model, self.args.compile_gated_delta_terms)
             if backends.chunked_gated_delta
@@ -408,11 +418,8 @@ class CapGRPOTrainer(GRPOTrainer):
         )
 
     # --- optimizer: CPU-offloaded AdamW for single-process GPU runs (SPEC §6) -----------------------------
-    def uses_cpu_adamw(self) -> bool:
-        return self.args.resolved_backends().cpu_adamw  # decided once, in the config
-
     def create_optimizer(self, model=None):
-        if not self.uses_cpu_adamw():
+        if not self.run_setup.backends.cpu_adamw:
             return super().create_optimizer(model)
         model = model or self.model
         decay = set(self.get_decay_parameter_names(model))
@@ -422,7 +429,7 @@ class CapGRPOTrainer(GRPOTrainer):
             {"params": [(n, p) for n, p in named if n not in decay], "weight_decay": 0.0},
         ]
         groups = [g for g in groups if g["params"]]  # torch refuses an empty group beside named ones (LoRA)
-        on_device = self.args.resolved_micro_batch().adamw_state_on_gpu  # sized with the micro-batch
+        on_device = self.run_setup.micro_batch.adamw_state_on_gpu  # sized with the micro-batch
         self.optimizer = CPUAdamW(
             groups,
             lr=self.args.learning_rate,

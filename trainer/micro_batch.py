@@ -1,6 +1,6 @@
 """Training micro-batches the trainer sizes itself: rows per micro-batch and activation checkpointing.
 
-Decided once, at trainer init (`size_micro_batch`), for the longest rollout a step can hold: the longest
+Decided once, by the run's setup before the trainer is built (`size_micro_batch`, trainer/setup.py), for the longest rollout a step can hold: the longest
 prompt of the training pool plus `max_completion_length`, so a step of capped rollouts cannot run out of
 memory where a step of short ones fitted. A setting given in the recipe or on the command line wins.
 - CUDA: the largest micro-batch (a divisor of the process's rollouts) whose estimated activation memory fits
@@ -107,10 +107,10 @@ def kept_cache_bytes(text_config, rows: int, length: int, dtype_bytes: int) -> i
     return rows * per_row
 
 
-def kept_caches_bytes(args, text_config, max_prompt_tokens: int, dtype_bytes: int) -> int:
+def kept_caches_bytes(args, backends, text_config, max_prompt_tokens: int, dtype_bytes: int) -> int:
     """The static caches compiled generation keeps between calls (one per row count, as long as its longest
     call: prompt width rounded up to its bucket + new tokens): the rollouts', and the evaluation's."""
-    if not args.resolved_backends().compiled_rollouts:
+    if not backends.compiled_rollouts:
         return 0
 
     def width(multiple: int) -> int:
@@ -118,7 +118,7 @@ def kept_caches_bytes(args, text_config, max_prompt_tokens: int, dtype_bytes: in
 
     rows = args.generation_rows or args.problems_per_round * args.num_generations
     lengths = {rows: width(args.prompt_multiple) + args.max_completion_length}
-    if args.resolved_backends().eval_generation == "compiled" and args.eval_every > 0:
+    if backends.eval_generation == "compiled" and args.eval_every > 0:
         evaluation = width(PROMPT_MULTIPLE) + (args.eval_cap or args.max_completion_length)
         lengths[args.eval_batch_size] = max(lengths.get(args.eval_batch_size, 0), evaluation)
     return sum(kept_cache_bytes(text_config, n, length, dtype_bytes) for n, length in lengths.items())
@@ -225,8 +225,10 @@ def static_bytes(args, model, world: int, cpu_adamw: bool, cache: int) -> int:
     return (weights + trainable * (1 if cpu_adamw else 3)) // (world if sharded or args.fsdp else 1) + cache
 
 
-def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float | None = None) -> MicroBatch:
-    """The micro-batch of this run (see the module docstring); `budget_bytes` stands in for the device's
+def size_micro_batch(
+    args, model, max_prompt_tokens: int, backends, *, budget_bytes: float | None = None
+) -> MicroBatch:
+    """The micro-batch of a run of `args` (its settings, trainer/setup.py) on `backends` (see the module docstring); `budget_bytes` stands in for the device's
     activation budget (tests), which a CPU run otherwise does not have."""
     world = max(1, args.world_size)
     rollouts = args.groups_per_step * args.num_generations // world
@@ -242,15 +244,15 @@ def size_micro_batch(args, model, max_prompt_tokens: int, *, budget_bytes: float
         fits = [n for n in divisors_down(rollouts) if n * row_tokens <= CPU_TOKEN_BUDGET] or [1]
         return MicroBatch(rows or fits[0], bool(ckpt), row_tokens, f"cpu: {CPU_TOKEN_BUDGET} tokens", on_gpu)
     if budget_bytes is None:
-        cache = kept_caches_bytes(args, text, max_prompt_tokens, dtype_bytes)
-        static = static_bytes(args, model, world, args.resolved_backends().cpu_adamw, cache)
+        cache = kept_caches_bytes(args, backends, text, max_prompt_tokens, dtype_bytes)
+        static = static_bytes(args, model, world, backends.cpu_adamw, cache)
         static += head_workspace_bytes(text, dtype_bytes)
         budget_bytes = cuda_budget(args, model, static)
 
     state = 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)  # fp32 master, two moments
     per_token = lambda c: bytes_per_token(text, dtype_bytes, c)  # noqa: E731
     sizes = (rollouts, row_tokens, args.max_completion_length, per_token)
-    decide = args.adamw_state_on_gpu is None and args.resolved_backends().cpu_adamw
+    decide = args.adamw_state_on_gpu is None and backends.cpu_adamw
     rows, ckpt, on_gpu, budget_bytes = place_state(
         *sizes, budget_bytes, state if decide or on_gpu else 0, rows=rows, checkpointing=ckpt, decide=decide
     )

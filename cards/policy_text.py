@@ -1,9 +1,20 @@
 """What the cards say about a cap policy: its treatment of unresolved rollouts, gate and reward, in words
-derived from its row of the table in policy/arms.py, and how an arm differs from the control S0."""
+derived from its row of the table in policy/arms.py (the words for a gate or a named treatment are declared
+there with it), and how an arm differs from the control S0."""
 
 import json
 
-from policy.arms import ALL_POLICIES, ARMS, MASKED, NO_REWARD, TRAINED, CapPolicy, Treatment, resolve_arm
+from policy.arms import (
+    ALL_POLICIES,
+    ARMS,
+    GATES,
+    MASKED,
+    TRAINED,
+    TREATMENT_TEXT,
+    CapPolicy,
+    Treatment,
+    resolve_arm,
+)
 from rundir.files import Run, RunFileError
 
 CONTROL_ARM = "S0"
@@ -23,13 +34,9 @@ def recorded_policy(run: Run) -> CapPolicy:
     return arm.policy if arm.policy_id == run.policy_id else ALL_POLICIES[run.policy_id]
 
 
-def describe_treatment(t: Treatment, failure_reward: float) -> str:
-    if t == TRAINED:
-        return f"active in the loss with reward {failure_reward:g} (trained as failures)"
-    if t == MASKED:
-        return "masked: their tokens leave the loss and the token-count normaliser"
-    if t == NO_REWARD:
-        return "given no reward (NaN): out of the group baseline, advantage 0, tokens kept in the loss normaliser"
+def describe_treatment(t: Treatment, reward: float) -> str:
+    if t in TREATMENT_TEXT:
+        return TREATMENT_TEXT[t].format(reward=reward)
     return f"in the loss: {t.loss}, in the normaliser: {t.normaliser}, in the baseline: {t.baseline}"
 
 
@@ -38,7 +45,7 @@ def truncated_reward(policy: CapPolicy) -> float:
 
 
 def describe_policy(policy: CapPolicy) -> dict[str, str]:
-    """The cards' prose for a policy, derived from its row of the table in trainer/arms.py."""
+    """The cards' prose for a policy, derived from its row of the table in policy/arms.py."""
     truncated = describe_treatment(policy.truncated, truncated_reward(policy))
     rejected = describe_treatment(policy.format_rejected, policy.failure_reward)
     unresolved = (
@@ -46,12 +53,6 @@ def describe_policy(policy: CapPolicy) -> dict[str, str]:
         if truncated == rejected
         else f"split by kind — truncated: {truncated}; format-rejected: {rejected}"
     )
-    gate = {
-        "v1": "a group trains iff it has at least one correct and at least one completed wrong",
-        "v2": "a group trains iff it has at least one correct and at least one failure of any kind "
-        "(wrong, truncated or format-rejected)",
-        "all": "every group trains (no dynamic sampling; a group whose rewards are all equal has advantage 0)",
-    }[policy.gate]
     reward = f"1 for correct, {policy.failure_reward:g} for any other gradeable outcome"
     if policy.truncation_reward is not None:
         reward = (
@@ -64,11 +65,16 @@ def describe_policy(policy: CapPolicy) -> dict[str, str]:
             f", plus DAPO's soft overlong punishment: −{policy.overlong_penalty_factor:g} × (length − (cap − B)) / B "
             f"over the last B tokens before the cap (B = {b})"
         )
-    return {"unresolved": unresolved, "gate": gate, "reward": reward, "source": policy.source}
+    return {
+        "unresolved": unresolved,
+        "gate": GATES[policy.gate].text,
+        "reward": reward,
+        "source": policy.source,
+    }
 
 
 def changes_from_control(run: Run) -> list[str]:
-    """How this arm differs from the control arm S0 (trainer/arms.py), in policy and groups per step."""
+    """How this arm differs from the control arm S0 (policy/arms.py), in policy and groups per step."""
     control = ARMS[CONTROL_ARM]
     if run.arm == CONTROL_ARM:
         return [f"This is the control arm ({control.note})."]

@@ -4,34 +4,47 @@ A cap policy states, per kind of rollout, its reward (from the outcome and the c
 the cap), whether its tokens carry loss, whether they count in the token normaliser, whether its reward
 enters the group baseline, and which gate admits a group. Correct and completed-wrong rollouts are always
 trained, indeterminate ones never (SPEC §2). POLICIES/ARMS are the seed's; PEER_* reproduce other libraries.
+Each gate and named treatment carries the cards' words for it (cards/policy_text.py reads them).
 """
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields, replace
 
 from rewards.outcome import UNRESOLVED, Outcome
 
 
 # --- gates: does a group of G graded rollouts enter training? -------------------------------------
-def gate_v1(outcomes: Iterable[Outcome]) -> bool:
-    """At least one correct and at least one completed-wrong; unresolved failures do not count."""
-    s = set(outcomes)
-    return Outcome.CORRECT in s and Outcome.WRONG in s
+@dataclass(frozen=True)
+class Gate:
+    """A qualification gate: its rule and the cards' words for it, declared together so that a new gate is
+    one entry of GATES (cards/policy_text.py reads `text`)."""
+
+    name: str  # what CapPolicy.gate, run.json and steps.jsonl record
+    text: str  # the cards' words for the rule
+    rule: Callable[[set[Outcome]], bool]  # over the set of the group's outcomes
+
+    def __call__(self, outcomes: Iterable[Outcome]) -> bool:
+        return self.rule(set(outcomes))
 
 
-def gate_v2(outcomes: Iterable[Outcome]) -> bool:
-    """At least one correct and at least one failure of any kind (wrong, truncated, format-rejected)."""
-    s = set(outcomes)
-    return Outcome.CORRECT in s and bool(s & ({Outcome.WRONG} | UNRESOLVED))
-
-
-def gate_all(outcomes: Iterable[Outcome]) -> bool:
-    """No dynamic sampling: every group trains; one without reward spread gets advantage 0."""
-    return True
-
-
-GATES = {"v1": gate_v1, "v2": gate_v2, "all": gate_all}
+gate_v1 = Gate(  # unresolved failures do not count
+    "v1",
+    "a group trains iff it has at least one correct and at least one completed wrong",
+    lambda s: Outcome.CORRECT in s and Outcome.WRONG in s,
+)
+gate_v2 = Gate(
+    "v2",
+    "a group trains iff it has at least one correct and at least one failure of any kind "
+    "(wrong, truncated or format-rejected)",
+    lambda s: Outcome.CORRECT in s and bool(s & ({Outcome.WRONG} | UNRESOLVED)),
+)
+gate_all = Gate(
+    "all",
+    "every group trains (no dynamic sampling; a group whose rewards are all equal has advantage 0)",
+    lambda s: True,
+)
+GATES = {g.name: g for g in (gate_v1, gate_v2, gate_all)}
 
 
 # --- what training does with one kind of rollout --------------------------------------------------
@@ -43,9 +56,16 @@ class Treatment:
 
 
 TRAINED = Treatment(loss=True, normaliser=True, baseline=True)
-MASKED = Treatment(loss=False, normaliser=False, baseline=True)  # reward stays in the baseline
-NO_REWARD = Treatment(loss=True, normaliser=True, baseline=False)  # advantage 0, tokens stay
+MASKED = Treatment(loss=False, normaliser=False, baseline=True)
+NO_REWARD = Treatment(loss=True, normaliser=True, baseline=False)
 DROPPED = Treatment(loss=False, normaliser=False, baseline=False)  # indeterminate, every policy
+# The cards' words for the treatments a policy can name ({reward}: the kind's reward), beside their flags so a
+# new one is described where it is declared; the cards spell any other out flag by flag.
+TREATMENT_TEXT = {
+    TRAINED: "active in the loss with reward {reward:g} (trained as failures)",
+    MASKED: "masked: their tokens leave the loss and the token-count normaliser",
+    NO_REWARD: "given no reward (NaN): out of the group baseline, advantage 0, tokens kept in the loss normaliser",
+}
 
 
 # Where the seed's policies come from, as cards cite it: what their reader can open (the team's SPEC.md is in

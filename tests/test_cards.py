@@ -16,8 +16,11 @@ from huggingface_hub import ModelCard
 from cards.card import main
 from cards.checkpoint_card import write_checkpoint_card
 from cards.cleanup import scrub_checkpoint_dir
+from cards.policy_text import recorded_policy
 from cards.run_card import write_run_card
-from policy.arms import ARMS
+from policy.arms import ARMS, GATES, TREATMENT_TEXT, Gate, Treatment, resolve_arm
+from rewards.outcome import Outcome
+from rundir.files import Run
 from rundir.state import save_state
 from rundir.step import write_manifest
 
@@ -194,7 +197,14 @@ def test_checkpoint_loading_uses_the_architecture_class_and_the_hub_subfolder(ru
     [
         ("S0", ["This is the control arm"]),
         ("S2", ["active (reward 0) in the loss instead of masked"]),
-        ("S4", ["active (reward 0) in the loss instead of masked", "Qualification gate v2 instead of v1"]),
+        (
+            "S4",
+            [
+                "active (reward 0) in the loss instead of masked",
+                "Qualification gate v2 instead of v1: a group trains iff it has at least one correct and at least "
+                "one failure of any kind (wrong, truncated or format-rejected).",
+            ],
+        ),
     ],
 )
 def test_changes_from_the_control_follow_the_policy_table(tmp_path, arm, expected):
@@ -203,6 +213,51 @@ def test_changes_from_the_control_follow_the_policy_table(tmp_path, arm, expecte
         assert phrase in text
     if arm == "S2":
         assert "Qualification gate" not in text
+
+
+def _recipe_arm(run: Path, name: str, spec: dict) -> None:
+    """Record `run` as trained under arm `name` of its recipe's `arms:` (as run.json stores a recipe's arm)."""
+    meta = json.loads((run / "run.json").read_text())
+    meta["arm"], meta["config"]["arms"] = name, {name: spec}
+    policy = resolve_arm(name, {name: spec}).policy
+    meta["policy_id"], meta["gate"] = policy.id, policy.gate
+    (run / "run.json").write_text(json.dumps(meta))
+
+
+def test_a_gate_is_declared_once_and_the_cards_take_its_words_from_it(tmp_path, monkeypatch):
+    """A new gate is one entry of policy.arms.GATES: an arm may then name it, a group qualifies by its rule
+    and the cards print its own words; nothing in cards/ knows it."""
+    spec = {
+        "policy_id": ARMS["S2"].policy_id,
+        "groups_per_step": 32,
+        "policy_params": {"gate": "any-correct"},
+    }
+    with pytest.raises(ValueError, match="unknown gate 'any-correct'"):
+        _ = resolve_arm("S2-ANY", {"S2-ANY": spec}).policy  # the policy is built, and checked, on use
+    words = "a group trains iff it has at least one correct answer"
+    monkeypatch.setitem(GATES, "any-correct", Gate("any-correct", words, lambda s: Outcome.CORRECT in s))
+    run = make_run(tmp_path, "S2")
+    _recipe_arm(run, "S2-ANY", spec)
+    policy = recorded_policy(Run(run))
+    assert policy.qualifies([Outcome.CORRECT] * 4) and not policy.qualifies([Outcome.WRONG] * 4)
+    checkpoint = ModelCard.load(write_checkpoint_card(run, 4)).text
+    assert f"| gate | any-correct: {words} |" in checkpoint
+    assert f"Qualification gate any-correct instead of v1: {words}." in checkpoint
+    assert f"gate any-correct:\n{words}." in ModelCard.load(write_run_card(run)).text
+
+
+def test_a_named_treatment_is_described_in_the_words_declared_with_it(tmp_path, monkeypatch):
+    """A treatment with words in policy.arms.TREATMENT_TEXT is described in them; any other flag by flag."""
+    counted = {"loss": False, "normaliser": True, "baseline": True}
+    spec = {"policy_id": "trl-mask-truncated", "groups_per_step": 32, "policy_params": {"truncated": counted}}
+    run = make_run(tmp_path, "S2")
+    _recipe_arm(run, "K", spec)
+    flags = "in the loss: False, in the normaliser: True, in the baseline: True"
+    assert f"truncated: {flags}" in ModelCard.load(write_run_card(run)).text
+    words = "masked from the loss but counted in the normaliser (reward {reward:g} in the baseline)"
+    monkeypatch.setitem(TREATMENT_TEXT, Treatment(**counted), words)
+    text = ModelCard.load(write_run_card(run)).text
+    assert f"truncated: {words.format(reward=0)}" in text and flags not in text
 
 
 @pytest.mark.parametrize("arm", sorted(ARMS))

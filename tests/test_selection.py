@@ -2,7 +2,7 @@
 
 import pytest
 
-from policy.arms import ARMS, POLICIES
+from policy.arms import ARMS, GATES, POLICIES
 from rewards.outcome import Outcome
 from trainer.selection import Group, rejection_reason, select_groups, shows_gate_gap
 
@@ -32,6 +32,11 @@ def test_gates(outcomes, v1, v2):
     assert S0.qualifies(outcomes) is v1
     assert S2.qualifies(outcomes) is v1
     assert S4.qualifies(outcomes) is v2
+    assert GATES["all"](outcomes)  # no dynamic sampling
+
+
+def test_gates_are_keyed_by_the_name_policies_record():
+    assert all(name == gate.name for name, gate in GATES.items()) and sorted(GATES) == ["all", "v1", "v2"]
 
 
 def test_policy_table_matches_spec():

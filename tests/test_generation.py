@@ -1,4 +1,4 @@
-"""The fixed-shape generation path (trainer/generation.py) samples what eager generation samples.
+"""The fixed-shape generation path (engine/generation.py) samples what eager generation samples.
 
 On a CPU transformers does not compile generation, so these tests run the fixed shapes (filled rows,
 bucketed widths) and the static cache eagerly; the compiled decode step is checked on a GPU by
@@ -14,8 +14,8 @@ from trl import GRPOTrainer
 
 from data.prompt import render_prompt
 from data.snapshot import load_snapshot
+from engine import generation
 from tests.scripted import STEP_ARGS, TextGrader, tiny_random_model
-from trainer import generation
 from trainer.config import CapGRPOConfig, ConfigError
 from trainer.evaluation import EvalSpec, generate_eval
 from trainer.grpo import CapGRPOTrainer

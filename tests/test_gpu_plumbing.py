@@ -12,9 +12,9 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 import trainer.config as capgrpo_config
 from data.sampler import TaskSampler
+from engine.cpu_adamw import CPUAdamW
 from tests.scripted import TEXT, TextGrader, tiny_random_model
 from trainer.config import CapGRPOConfig
-from trainer.cpu_adamw import CPUAdamW
 from trainer.evaluation import EvalSpec, generate_eval, sample_seed
 from trainer.grpo import CapGRPOTrainer
 

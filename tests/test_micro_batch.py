@@ -1,4 +1,4 @@
-"""Training micro-batches the trainer sizes itself (trainer/micro_batch.py), on CPU with fake memory budgets."""
+"""Training micro-batches the trainer sizes itself (engine/micro_batch.py), on CPU with fake memory budgets."""
 
 import json
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from data.prompt import SYSTEM_PROMPT
+from engine import micro_batch
 from tests.scripted import G, make_trainer, tiny_random_model
-from trainer import micro_batch
 from trainer.config import CapGRPOConfig, ConfigError
 from trainer.grpo import CapGRPOTrainer
 
@@ -150,17 +150,6 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     assert micro_batch.size_micro_batch(args, model, PROMPT).rows == want != 4
 
 
-def _activation_memory():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "activation_memory.py"
-    spec = importlib.util.spec_from_file_location("activation_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("family", ["qwen35", "llama"])
 def test_the_estimate_covers_what_autograd_saves(family, monkeypatch):
     """Per layer type and in TRL's fused head, the bytes a forward saves for its backward (counted by
@@ -172,7 +161,8 @@ def test_the_estimate_covers_what_autograd_saves(family, monkeypatch):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    memory = _activation_memory()
+    from bench import activation_memory as memory
+
     torch.manual_seed(0)
     if family == "qwen35":
         shape = SimpleNamespace(
@@ -250,7 +240,7 @@ def test_with_fla_the_linear_attention_term_covers_what_the_h200_measured(monkey
     path = Path(__file__).resolve().parent.parent / "docs" / "performance" / "h200-2026-12-04e" / measured
     found = json.loads(path.read_text())
     assert found["rule"] == "fla"
-    text = SimpleNamespace(  # bench/grpo_step.py random_qwen35's text config at --hidden 2048 --intermediate 6144
+    text = SimpleNamespace(  # bench/models.py random_qwen35's text config at --hidden 2048 --intermediate 6144
         hidden_size=2048, intermediate_size=6144, linear_num_value_heads=32, linear_key_head_dim=128,
         linear_value_head_dim=128,
     )  # fmt: skip

@@ -12,12 +12,12 @@ import torch
 from trl import GRPOConfig
 
 from data.prompt import SYSTEM_PROMPT
+from engine.chunked_gated_delta import FLA
+from engine.generation import PROMPT_MULTIPLE
+from engine.micro_batch import MicroBatch
 from policy.arms import Arm, resolve_arm
 from rewards.grader import GraderPool
 from rewards.outcome import GRADER_VERSIONS
-from trainer.chunked_gated_delta import FLA
-from trainer.generation import PROMPT_MULTIPLE
-from trainer.micro_batch import MicroBatch
 
 
 def vllm_installed() -> bool:

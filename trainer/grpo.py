@@ -30,16 +30,17 @@ from trl.models import unwrap_model_for_generation
 from cards.push import push
 from cards.run_card import write_run_card
 from data.prompt import prompt_messages
+from engine import cpu_generation, generation, lora_push, micro_batch
+from engine.chunked_gated_delta import chunked_gated_delta, torch_on_cpu
+from engine.compiled_parts import compiled_parts
+from engine.cpu_adamw import CPUAdamW
+from engine.fla_conv import fla_conv
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import cpu_generation, generation, lora_push, micro_batch, sampler_agreement
+from trainer import sampler_agreement
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
-from trainer.chunked_gated_delta import chunked_gated_delta, torch_on_cpu
-from trainer.compiled_parts import compiled_parts
 from trainer.config import CapGRPOConfig
-from trainer.cpu_adamw import CPUAdamW
-from trainer.fla_conv import fla_conv
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
 from trainer.step_record import StepRecord
 

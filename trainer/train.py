@@ -35,6 +35,8 @@ from data.atomic import DiskFullError, is_disk_full, refused_write
 from data.eval_sets import FIXED, HELDOUT, choose_eval_sets, heldout_pool_of
 from data.sampler import TaskSampler
 from data.snapshot import SnapshotError, load_snapshot, snapshot_sha256
+from engine.chunked_gated_delta import torch_on_cpu
+from engine.micro_batch import MicroBatch
 from rundir.files import RunFileError
 from rundir.lock import RunLock, RunLockedError, require_shared
 from rundir.resume import interrupted, rewind
@@ -50,12 +52,10 @@ from rundir.run_json import (
 from rundir.state import StateError, put_back_replaced, remove_interrupted_saves
 from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
-from trainer.chunked_gated_delta import torch_on_cpu
 from trainer.config import CapGRPOConfig, ConfigError, refuse_absurd_numbers, resume_changes
 from trainer.evaluation import EvalCallback, EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer
-from trainer.micro_batch import MicroBatch
 from trainer.steps_log import StepsLog
 from trainer.stop_signal import StopOnSignal
 

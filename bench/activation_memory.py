@@ -1,8 +1,8 @@
-"""What a training pass keeps for its backward, by layer type, against trainer/micro_batch.py's estimate.
+"""What a training pass keeps for its backward, by layer type, against engine/micro_batch.py's estimate.
 
-    python bench/activation_memory.py                      # the 1.82B benchmark's layers, 1 row x 1152 tokens
-    python bench/activation_memory.py --config-dir artifacts/smollm2 --prompt 128 --completion 512
-    python bench/activation_memory.py --device cuda --fla-conv     # with fla installed: fla's rule and conv
+    python -m bench.activation_memory                      # the 1.82B benchmark's layers, 1 row x 1152 tokens
+    python -m bench.activation_memory --config-dir artifacts/smollm2 --prompt 128 --completion 512
+    python -m bench.activation_memory --device cuda --fla-conv     # with fla installed: fla's rule and conv
 
 Counts the bytes of every tensor autograd saves during one forward (TRL's fused LM head included, as
 GRPOTrainer calls it), once per storage, split at each decoder layer and the head. The layers' sizes do not
@@ -16,19 +16,16 @@ transformers binds fla's rule and ours steps aside, so the linear-attention laye
 import argparse
 import contextlib
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+import torch
+from trl.trainer.utils import add_fused_lm_head
 
-import torch  # noqa: E402
-from trl.trainer.utils import add_fused_lm_head  # noqa: E402
-
-from bench.generation import config_model  # noqa: E402
-from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
-from trainer.chunked_gated_delta import FLA, chunked_gated_delta  # noqa: E402
-from trainer.fla_conv import fla_conv  # noqa: E402
-from trainer.micro_batch import SAFETY, bytes_per_token  # noqa: E402
+from bench.generation import config_model
+from bench.models import padded_tokenizer, random_qwen35
+from engine.chunked_gated_delta import FLA, chunked_gated_delta
+from engine.fla_conv import fla_conv
+from engine.micro_batch import SAFETY, bytes_per_token
 
 
 class SavedBytes:
@@ -49,9 +46,9 @@ class SavedBytes:
 
 
 def measure(model, rows: int, prompt: int, completion: int, ours: bool = True, conv: bool = False) -> dict:
-    """`ours`: the linear attention's chunked rule as the trainer's pass runs it (trainer/chunked_gated_delta.py);
+    """`ours`: the linear attention's chunked rule as the trainer's pass runs it (engine/chunked_gated_delta.py);
     False: transformers' torch fallback, what plain TRL runs (fla's, either way, where fla is installed).
-    `conv`: fla's causal conv (trainer/fla_conv.py)."""
+    `conv`: fla's causal conv (engine/fla_conv.py)."""
     text = model.config.get_text_config()
     counter = SavedBytes(model)
     backbone = getattr(model.model, "language_model", model.model)  # Qwen3.5 nests its text model
@@ -107,7 +104,7 @@ def main(argv=None) -> dict:
         "--transformers-rule", action="store_true", help="transformers' gated delta rule, not ours"
     )
     ap.add_argument("--device", default="cpu", help="cpu, or cuda (fla's kernels run there only)")
-    ap.add_argument("--fla-conv", action="store_true", help="fla's causal conv (trainer/fla_conv.py; CUDA)")
+    ap.add_argument("--fla-conv", action="store_true", help="fla's causal conv (engine/fla_conv.py; CUDA)")
     ap.add_argument("--out", type=Path, default=None, help="writes activation_memory.json here")
     a = ap.parse_args(argv)
     torch.set_num_threads(2)

@@ -1,8 +1,8 @@
 """Benchmark CPUAdamW against torch.optim.AdamW, and the stateNNN/ save / verified-load throughput.
 
-    .venv/bin/python bench/cpu_adamw.py                         # CPU: ~3M and ~100M parameters
-    python bench/cpu_adamw.py --device cuda --params 2e9        # GPU: also peak GPU memory
-    python bench/cpu_adamw.py --device cuda --params 1.8e9 --on-device   # the state on the GPU too
+    .venv/bin/python -m bench.cpu_adamw                         # CPU: ~3M and ~100M parameters
+    python -m bench.cpu_adamw --device cuda --params 2e9        # GPU: also peak GPU memory
+    python -m bench.cpu_adamw --device cuda --params 1.8e9 --on-device   # the state on the GPU too
 
 The model is a stack of square bias-free Linear weights (no forward pass: gradients are random), so
 the figures are the optimizer's alone. On CPU both optimizers update fp32 parameters in place of the
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu_adamw import CPUAdamW
 from rundir.state import load_state, save_state
-from trainer.cpu_adamw import CPUAdamW
 
 
 def make_params(n: float, device: str, dtype: torch.dtype) -> list[tuple[str, torch.nn.Parameter]]:

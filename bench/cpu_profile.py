@@ -1,4 +1,4 @@
-"""The embedded default's generation on a CPU, transformers' decoding loop vs ours (trainer/cpu_generation.py).
+"""The embedded default's generation on a CPU, transformers' decoding loop vs ours (engine/cpu_generation.py).
 
 Side by side in one process, interleaved: one in-training evaluation (the recipe's eval sets and spec) and
 one rollout round (`problems_per_round` prompts x `num_generations`, as TRL calls generate), each
@@ -10,7 +10,7 @@ round at one and at two intra-op threads, interleaved, and checks that logits, g
 bitwise the same at both. `--shares` instead compares our loop with itself at one and at two intra-op
 threads (the call's rows decoded in one share, or in two shares on two threads), same tokens checked.
 
-    python bench/cpu_profile.py [--recipe configs/embedded.yaml] [--repeats 3] [--profile 25] [--threads]
+    python -m bench.cpu_profile [--recipe configs/embedded.yaml] [--repeats 3] [--profile 25] [--threads]
                                 [--shares]
 """
 
@@ -26,18 +26,16 @@ import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+import transformers
+import yaml
+from transformers import GenerationConfig
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-import yaml  # noqa: E402
-from transformers import GenerationConfig  # noqa: E402
-
-from data.eval_sets import FIXED, HELDOUT, choose_eval_sets  # noqa: E402
-from data.prompt import render_prompt  # noqa: E402
-from data.snapshot import load_snapshot  # noqa: E402
-from trainer import cpu_generation, evaluation  # noqa: E402
+from data.eval_sets import FIXED, HELDOUT, choose_eval_sets
+from data.prompt import render_prompt
+from data.snapshot import load_snapshot
+from engine import cpu_generation
+from trainer import evaluation
 
 
 def cpu_seconds() -> float:

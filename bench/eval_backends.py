@@ -1,7 +1,7 @@
 """Do two generation backends evaluate one checkpoint alike? Two eval files of the same step and seeds (say an
 in-training evaluation through vLLM and one through our compiled generation), paired sample by sample:
 
-    python bench/eval_backends.py VLLM/eval_step000.jsonl OURS/eval_step000.jsonl --labels vllm,ours [--out F.json]
+    python -m bench.eval_backends VLLM/eval_step000.jsonl OURS/eval_step000.jsonl --labels vllm,ours [--out F.json]
 
 Per eval set and outcome: each file's share, the difference, and the paired exact sign-flip p over samples
 (analysis/stats.py; with 0/1 outcomes it is McNemar's exact test). Same seeds do not give the same tokens across
@@ -10,14 +10,11 @@ backends (different kernels and samplers), so agreement means "within sampling e
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-
-from analysis.stats import sign_flip_test  # noqa: E402
-from rewards.outcome import Outcome  # noqa: E402
-from rundir.files import read_jsonl  # noqa: E402
+from analysis.stats import sign_flip_test
+from rewards.outcome import Outcome
+from rundir.files import read_jsonl
 
 
 def compare(a: list[dict], b: list[dict]) -> dict:

@@ -1,6 +1,6 @@
 """Fault test of exact resume: SIGKILL a short run at seeded random moments, resume each, compare bitwise.
 
-    python bench/fault_test.py --kills 20 --steps 5 --seed 0 --out runs/fault_test [--twin] [--torn N] [--lock]
+    python -m bench.fault_test --kills 20 --steps 5 --seed 0 --out runs/fault_test [--twin] [--torn N] [--lock]
         [--report F]
 
 1. The code (trainer/, rundir/, data/, rewards/, policy/, cards/, analysis/ and the recipe) is copied to OUT/code and every
@@ -37,14 +37,14 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from rundir.files import read_jsonl, state_dir, steps_path
+from rundir.lock import LOCK_FILE  # a killed run leaves it; the resume takes it over
+from rundir.state import load_state
+from trainer.steps_log import MEASURED
+
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("trainer", "data", "rewards", "cards", "analysis", "rundir", "policy")
+PACKAGES = ("trainer", "engine", "data", "rewards", "cards", "analysis", "rundir", "policy")
 RECIPE = "configs/embedded.yaml"
-sys.path.insert(0, str(REPO))
-from rundir.files import read_jsonl, state_dir, steps_path  # noqa: E402
-from rundir.lock import LOCK_FILE  # noqa: E402  (a killed run leaves it; the resume takes it over)
-from rundir.state import load_state  # noqa: E402
-from trainer.steps_log import MEASURED  # noqa: E402
 
 # The embedded S2 recipe at a size a shared 2-core CPU runs in a couple of minutes.
 SMALL = {

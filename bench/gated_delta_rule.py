@@ -1,11 +1,11 @@
 """Time transformers' chunked gated delta rule (Qwen3.5's linear attention in training) alone, forward and
 backward, at one layer's shapes, in the ways the training pass could run it:
 
-    python bench/gated_delta_rule.py --rows 16 --length 1152 --variants eager,ours,compiled --profile
-    python bench/gated_delta_rule.py --rows 2 --length 128 --heads 4 --dim 16 --variants eager,ours  # CPU
+    python -m bench.gated_delta_rule --rows 16 --length 1152 --variants eager,ours,compiled --profile
+    python -m bench.gated_delta_rule --rows 2 --length 128 --heads 4 --dim 16 --variants eager,ours  # CPU
 
 `eager` is transformers' torch fallback (what plain TRL runs when fla is not installed); `ours` is
-trainer/chunked_gated_delta.py, what our training pass runs on GPUs; `compiled` is transformers' function under
+engine/chunked_gated_delta.py, what our training pass runs on GPUs; `compiled` is transformers' function under
 torch.compile (Inductor fuses its float32 elementwise passes; the matmuls and triangular solves stay library
 calls), `compiled-ours` ours under it (its chunk loop unrolls: one compilation per chunk count),
 `ours-compiled-terms` ours with only its chunk-parallel part compiled, dynamic in the chunk count; `fla`
@@ -20,18 +20,15 @@ import argparse
 import contextlib
 import functools
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+import torch
+from transformers.models.qwen3_5 import modeling_qwen3_5
 
-import torch  # noqa: E402
-from transformers.models.qwen3_5 import modeling_qwen3_5  # noqa: E402
-
-from bench.training_pass import fla_rule, fla_versions, profile_call, sync, torch_fallback  # noqa: E402
-from trainer.chunked_gated_delta import chunk_terms, chunked_gated_delta_rule  # noqa: E402
-from trainer.generation import tf32_matmuls  # noqa: E402
+from bench.training_pass import fla_rule, fla_versions, profile_call, sync, torch_fallback
+from engine.chunked_gated_delta import chunk_terms, chunked_gated_delta_rule
+from engine.generation import tf32_matmuls
 
 
 def inputs(rows: int, length: int, heads: int, dim: int, device) -> list[torch.Tensor]:

@@ -1,33 +1,30 @@
 """Decode-step time of the step benchmark's model against its floor, eager vs compiled generation.
 
-    python bench/generation.py --batch 256 --prompt 64 --new 64,192 --out bench_gen
+    python -m bench.generation --batch 256 --prompt 64 --new 64,192 --out bench_gen
 
 The per-step time is the difference of two generate calls with N1 and N2 new tokens over N2 - N1 (prefill
 and set-up cancel). The floor of one decode step is the larger of its bytes at --bandwidth (the H200's
 4.8 TB/s datasheet figure) and its FLOPs at --flops: every weight read once (the embedding table only for
 the batch's rows), each linear-attention layer's recurrent and conv state read and written, each full-
 attention layer's K/V read up to the mean position and the new K/V written, the logits written.
-The model is bench/grpo_step.py's random Qwen3.5 (same flags), or with --config-dir a random-init model of a
-config.json (e.g. artifacts/smollm2: SmolLM2-135M's Llama, float32 masters as in configs/smollm2.yaml); rollouts
-never stop early (no stop tokens).
+The model is bench/models.py's random Qwen3.5 (bench/grpo_step.py's flags), or with --config-dir a random-init
+model of a config.json (e.g. artifacts/smollm2: SmolLM2-135M's Llama, float32 masters as in
+configs/smollm2.yaml); rollouts never stop early (no stop tokens).
 """
 
 import argparse
 import contextlib
 import copy
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
+from transformers import GenerationConfig
 
-import torch  # noqa: E402
-from transformers import GenerationConfig  # noqa: E402
-
-from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
-from trainer import generation  # noqa: E402
+from bench.models import padded_tokenizer, random_qwen35
+from engine import generation
 
 
 def floor(model, batch: int, prompt: int, new: tuple[int, int], bandwidth: float, flops: float) -> dict:
@@ -171,7 +168,7 @@ def main(argv=None) -> dict:
     a = ap.parse_args(argv)
     a.p_ended, a.cap = 0.0, 1
     if a.block_v or a.num_warps:
-        from trainer import gated_delta_kernel
+        from engine import gated_delta_kernel
 
         gated_delta_kernel.BLOCK_V = a.block_v or gated_delta_kernel.BLOCK_V
         gated_delta_kernel.NUM_WARPS = a.num_warps or gated_delta_kernel.NUM_WARPS

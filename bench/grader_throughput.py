@@ -1,6 +1,6 @@
 """Grader throughput on the 500 MATH500 answers, against plain math-verify, and latency on hostile text.
 
-    .venv/bin/python bench/grader_throughput.py [--data ../shared/data/math500.jsonl] [--timeout 5]
+    .venv/bin/python -m bench.grader_throughput [--data ../shared/data/math500.jsonl] [--timeout 5]
 
 Every item reaches math-verify: "self" grades each reference answer, boxed in a one-line completion,
 against itself (all correct); "swapped" grades the next problem's answer against it (all but a few

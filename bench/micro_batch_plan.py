@@ -1,19 +1,15 @@
-"""What the trainer's micro-batch sizing (trainer/micro_batch.py) picks for a model shape on a GPU of a given size,
+"""What the trainer's micro-batch sizing (engine/micro_batch.py) picks for a model shape on a GPU of a given size,
 without the GPU: the per-row estimates, the static footprint and the choice, as `size_micro_batch` computes them
 on an idle device (free memory = total).
 
-    python bench/micro_batch_plan.py                     # the shapes of docs/PERFORMANCE.md on an H200
-    python bench/micro_batch_plan.py --total-gib 80     # an 80 GB card
+    python -m bench.micro_batch_plan                     # the shapes of docs/PERFORMANCE.md on an H200
+    python -m bench.micro_batch_plan --total-gib 80     # an 80 GB card
 """
 
 import argparse
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
-
-from trainer import micro_batch  # noqa: E402
+from engine import micro_batch
 
 QWEN35_1P8B = SimpleNamespace(  # bench/grpo_step.py's random-qwen35 at its defaults (1.82B parameters)
     hidden_size=2048, intermediate_size=6144, num_hidden_layers=12, vocab_size=248320, num_attention_heads=16,

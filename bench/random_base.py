@@ -4,20 +4,17 @@ shape of docs/PERFORMANCE.md) under FSDP2 with vLLM. It samples near-uniformly: 
 rollouts end before `--cap` (stop tokens at the top of the padded vocabulary, in generation_config's EOS list), the
 rest run to the cap. It never answers correctly; docs/gpu.md says which arm still trains on it.
 
-    python bench/random_base.py --out artifacts/random-9b5 --hidden 4096 --layers 28 --intermediate 12288 \
+    python -m bench.random_base --out artifacts/random-9b5 --hidden 4096 --layers 28 --intermediate 12288 \
         --p-ended 0.5 --cap 8192
-    python bench/random_base.py --out /tmp/rb --hidden 64 --layers 4 --intermediate 128 --vocab 600   # CPU test size
+    python -m bench.random_base --out /tmp/rb --hidden 64 --layers 4 --intermediate 128 --vocab 600   # CPU test size
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+import torch
 
-import torch  # noqa: E402
-
-from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
+from bench.models import padded_tokenizer, random_qwen35
 
 
 def main(argv=None) -> Path:

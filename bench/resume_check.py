@@ -1,10 +1,10 @@
 """Resume check on any device: an uninterrupted run vs. one killed (SIGKILL) after stateK/ and resumed; with
 --twice, two uninterrupted runs of the same command (the determinism check of `--deterministic true`, issue 47).
 
-    python bench/resume_check.py --kill-after 1 -- --config configs/embedded.yaml --max_steps 3 ...
-    python bench/resume_check.py --accelerate-config configs/accelerate/fsdp2.yaml --processes 2 -- ...
-    python bench/resume_check.py --twice --report twice.json -- --config configs/smollm2.yaml --deterministic true ...
-    python bench/resume_check.py --compare RUN_A RUN_B --report found.json     # two runs that already ran
+    python -m bench.resume_check --kill-after 1 -- --config configs/embedded.yaml --max_steps 3 ...
+    python -m bench.resume_check --accelerate-config configs/accelerate/fsdp2.yaml --processes 2 -- ...
+    python -m bench.resume_check --twice --report twice.json -- --config configs/smollm2.yaml --deterministic true ...
+    python -m bench.resume_check --compare RUN_A RUN_B --report found.json     # two runs that already ran
 
 Everything after `--` goes to `python -m trainer.train`. Prints, per step, whether the task-sampler position,
 the trained task ids, the outcome counts and the eval seeds agree, and the largest weight difference of the
@@ -24,10 +24,9 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rundir import archive  # noqa: E402
-from rundir.files import read_jsonl  # noqa: E402
-from trainer.steps_log import MEASURED  # noqa: E402
+from rundir import archive
+from rundir.files import read_jsonl
+from trainer.steps_log import MEASURED
 
 # timings, and the grader pool's bookkeeping (worker recycling follows the workers' memory, not the run)
 UNCOMPARED = (*MEASURED, "grader")

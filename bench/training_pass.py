@@ -1,8 +1,8 @@
 """Time (and profile) one GRPO step's training pass alone: forward + backward of every micro-batch, with TRL's
 fused LM head (log-probs and entropies, as GRPOTrainer calls it), on the step benchmark's random Qwen3.5.
 
-    python bench/training_pass.py --rows 256 --prompt 128 --completion 1024 --micro-batch 16 --profile
-    python bench/training_pass.py --hidden 64 --layers 4 --intermediate 128 --vocab 600 --rows 8 \\
+    python -m bench.training_pass --rows 256 --prompt 128 --completion 1024 --micro-batch 16 --profile
+    python -m bench.training_pass --hidden 64 --layers 4 --intermediate 128 --vocab 600 --rows 8 \\
         --prompt 8 --completion 24 --micro-batch 4                                   # CPU smoke run
 
 The loss is GRPO's at beta 0 with one iteration (advantage x log-prob, masked mean), which is what the step's
@@ -22,15 +22,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+import torch
+from trl.trainer.utils import add_fused_lm_head
 
-import torch  # noqa: E402
-from trl.trainer.utils import add_fused_lm_head  # noqa: E402
-
-from bench.grpo_step import padded_tokenizer, random_qwen35  # noqa: E402
-from trainer.chunked_gated_delta import NAME, chunked_gated_delta_rule, compiled_rule  # noqa: E402
-from trainer.compiled_parts import compiled_parts  # noqa: E402
-from trainer.fla_conv import fla_conv  # noqa: E402
+from bench.models import padded_tokenizer, random_qwen35
+from engine.chunked_gated_delta import NAME, chunked_gated_delta_rule, compiled_rule
+from engine.compiled_parts import compiled_parts
+from engine.fla_conv import fla_conv
 
 H200_BF16_FLOPS = 790e12  # dense, the device README's figure
 
@@ -218,17 +216,17 @@ def main(argv=None) -> dict:
         choices=("transformers", "ours", "ours-compiled-terms", "compiled", "fla"),
         default="ours",
         help="the linear attention's chunked gated delta rule: transformers' torch fallback (plain TRL's without "
-        "fla), ours (trainer/chunked_gated_delta.py, the trainer's on GPUs without fla), ours with its "
+        "fla), ours (engine/chunked_gated_delta.py, the trainer's on GPUs without fla), ours with its "
         "chunk-parallel part compiled (compile_gated_delta_terms), transformers' under torch.compile, or "
         "flash-linear-attention's kernels (what transformers and the trainer run when fla is installed)",
     )
     ap.add_argument(
-        "--compile-norms-mlp", action="store_true", help="norms and MLPs compiled (trainer/compiled_parts.py)"
+        "--compile-norms-mlp", action="store_true", help="norms and MLPs compiled (engine/compiled_parts.py)"
     )
     ap.add_argument(
         "--fla-conv",
         action="store_true",
-        help="the causal conv through fla's Triton kernel (trainer/fla_conv.py; needs fla and CUDA)",
+        help="the causal conv through fla's Triton kernel (engine/fla_conv.py; needs fla and CUDA)",
     )
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--seed", type=int, default=0)

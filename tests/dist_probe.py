@@ -8,8 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from scripted import generate, make_trainer, tiny_random_model  # noqa: E402
+from scripted import generate, make_trainer, tiny_random_model
 
 SCRIPT = {f"p{i}": s for i, s in enumerate(["CWTX", "CWWW", "CFWW", "WWWW", "CTCT", "CCCC", "TTCW", "CWFW"])}
 

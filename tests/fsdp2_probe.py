@@ -2,7 +2,7 @@
 
 accelerate runs CPU processes as plain DDP whatever its config says, so this probe shards the tiny Qwen3.5
 with `fully_shard` itself and drives the code that only runs under FSDP2 on a GPU machine: stateNNN/ export
-and import (trainer/checkpoint.py through trainer/sharding.py) and the evaluation of a sharded model
+and import (trainer/checkpoint.py through engine/sharding.py) and the evaluation of a sharded model
 (EvalCallback). Writes its findings as JSON for the test to assert on.
 """
 
@@ -14,17 +14,15 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 from accelerate import PartialState
+from scripted import TextGrader, tiny_random_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-sys.path.insert(0, str(Path(__file__).parent))
-from scripted import TextGrader, tiny_random_model  # noqa: E402
-
-from rundir.files import read_jsonl  # noqa: E402
-from rundir.state import load_state, save_state  # noqa: E402
-from trainer import sharding  # noqa: E402
-from trainer.checkpoint import export_optimizer, import_optimizer, load_masters_into_model  # noqa: E402
-from trainer.evaluation import EvalCallback, EvalSpec, checkpoint_weights, run_eval  # noqa: E402
+from engine import sharding
+from rundir.files import read_jsonl
+from rundir.state import load_state, save_state
+from trainer.checkpoint import export_optimizer, import_optimizer, load_masters_into_model
+from trainer.evaluation import EvalCallback, EvalSpec, checkpoint_weights, run_eval
 
 
 def sharded_model(mesh):

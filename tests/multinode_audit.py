@@ -1,6 +1,6 @@
 """`python -m trainer.train ARGS` with every write under --output_dir recorded, per process.
 
-    accelerate launch ... tests/multinode_audit.py AUDIT_DIR ARGS...
+    PYTHONPATH=REPO accelerate launch ... tests/multinode_audit.py AUDIT_DIR ARGS...
 
 Used by tests/test_multinode.py. A Python audit hook (sys.addaudithook) sees each open for writing, mkdir,
 rename, remove and rmtree made from Python in this process; each one under output_dir is appended to
@@ -12,8 +12,6 @@ import json
 import os
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 EVENTS = {"os.mkdir": 1, "os.rename": 2, "os.remove": 1, "os.rmdir": 1, "shutil.rmtree": 1, "os.link": 2}

@@ -3,23 +3,21 @@ The benchmark itself runs on GPUs; what decides whether its comparison can be tr
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-SPEC = importlib.util.spec_from_file_location(
-    "grpo_step", Path(__file__).parent.parent / "bench" / "grpo_step.py"
-)
-grpo_step = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(grpo_step)
+from bench import grpo_step
+from bench.coin import CoinGrader
+from bench.report import compare
+from bench.runs import engine_for, training_settings
 
 G, CAP, VOCAB = 4, 64, 300
 NEVER = [2, 0, 1, 3]  # EOS first: it ends a rollout; the others never appear
 
 
 def coin():
-    return grpo_step.CoinGrader(0.3, 0.1, seed=5, group_size=G, step_fn=lambda: 1)
+    return CoinGrader(0.3, 0.1, seed=5, group_size=G, step_fn=lambda: 1)
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -59,7 +57,7 @@ def test_coin_grades_capped_rollouts_at_p_ended_zero():
     """--p-ended 0 caps every rollout: the coin then grades them all, so groups still qualify."""
     capped = [True] * 8
     plain = coin().grade_batch(["x"] * 8, ["t1"] * 4 + ["t2"] * 4, capped)
-    graded = grpo_step.CoinGrader(0.3, 0.1, 5, G, lambda: 1, grade_capped=True)
+    graded = CoinGrader(0.3, 0.1, 5, G, lambda: 1, grade_capped=True)
     outcomes = [g.outcome for g in graded.grade_batch(["x"] * 8, ["t1"] * 4 + ["t2"] * 4, capped)]
     assert {g.outcome.value for g in plain} == {"truncated"}
     assert outcomes == [
@@ -70,10 +68,10 @@ def test_coin_grades_capped_rollouts_at_p_ended_zero():
 def test_plain_tuned_trains_at_ours_settings():
     a = grpo_step.parse(["--batch", "4", "--ours-grad-ckpt", "true"])
     runs = {"ours": {"settings": {"micro_batch": 16, "grad_ckpt": False}}}
-    assert grpo_step.training_settings(a, "plain", runs, on_cuda=True) == (4, True)
-    assert grpo_step.training_settings(a, "plain-tuned", runs, on_cuda=True) == (16, False)
-    assert grpo_step.training_settings(a, "ours", runs, on_cuda=True) == (None, True)  # None: ours sizes it
-    assert grpo_step.training_settings(a, "ours", runs, on_cuda=False) == (None, False)
+    assert training_settings(a, "plain", runs, on_cuda=True) == (4, True)
+    assert training_settings(a, "plain-tuned", runs, on_cuda=True) == (16, False)
+    assert training_settings(a, "ours", runs, on_cuda=True) == (None, True)  # None: ours sizes it
+    assert training_settings(a, "ours", runs, on_cuda=False) == (None, False)
 
 
 def test_every_arm_is_accepted():
@@ -100,11 +98,9 @@ def result(*steps):
 def test_compare_counts_exact_floats_within_tolerance(tmp_path):
     ref = tmp_path / "ref.json"
     ref.write_text(json.dumps(result(record(1, 10, 0.128, 3.203), record(2, 13, 0.196, 2.609))))
-    close = grpo_step.compare(
-        result(record(1, 10, 0.128, 3.206), record(2, 13, 0.196, 2.610)), ref, rtol=0.02
-    )
+    close = compare(result(record(1, 10, 0.128, 3.206), record(2, 13, 0.196, 2.610)), ref, rtol=0.02)
     assert not [x for x in close if x.startswith("DIFFERS")] and len(close) == 4  # loss + grad norm per step
-    far = grpo_step.compare(result(record(1, 11, 0.128, 3.9), record(3, 13, 0.2, 2.6)), ref, rtol=0.02)
+    far = compare(result(record(1, 11, 0.128, 3.9), record(3, 13, 0.2, 2.6)), ref, rtol=0.02)
     assert any("step 1 qualified: 11 here, 10" in x for x in far)
     assert any(x.startswith("DIFFERS ours step 1 grad_norm") for x in far)
     assert any(x.startswith("DIFFERS ours step 3: not in") for x in far)
@@ -166,17 +162,17 @@ def test_a_vllm_run_gets_its_own_process_with_ours_settings(tmp_path):
     argv = [*TINY.split(), "--vllm", "--out", "x", "--compare-with", "y.json", "--plain-tuned"]
     runs = {"ours": {"settings": {"micro_batch": 8, "grad_ckpt": False}}}
     cmd = grpo_step.child_command(argv, "plain-vllm", runs, tmp_path / "r")
-    assert cmd[1].endswith("bench/grpo_step.py") and "x" not in cmd and "y.json" not in cmd
-    assert cmd[2:] == [*TINY.split(), "--vllm", "--plain-tuned", "--only", "plain-vllm", "--out"] + [
+    assert cmd[1:3] == ["-m", "bench.grpo_step"] and "x" not in cmd and "y.json" not in cmd
+    assert cmd[3:] == [*TINY.split(), "--vllm", "--plain-tuned", "--only", "plain-vllm", "--out"] + [
         str(tmp_path / "r"),
         "--settings-of-ours",
         "8,False",
     ]
-    a = grpo_step.parse(cmd[2:])
-    assert grpo_step.training_settings(a, "plain-vllm", {}, on_cuda=True) == (8, False)
+    a = grpo_step.parse(cmd[3:])
+    assert training_settings(a, "plain-vllm", {}, on_cuda=True) == (8, False)
     a.settings_of_ours = None  # ours did not run: plain TRL's own settings, ours' own sizing
-    assert grpo_step.training_settings(a, "plain-vllm", {}, on_cuda=True) == (a.batch, True)
-    assert grpo_step.training_settings(a, "ours-vllm", {}, on_cuda=True) == (None, None)
+    assert training_settings(a, "plain-vllm", {}, on_cuda=True) == (a.batch, True)
+    assert training_settings(a, "ours-vllm", {}, on_cuda=True) == (None, None)
 
 
 @pytest.mark.slow
@@ -201,13 +197,13 @@ def test_engine_for_saves_a_model_without_a_directory_and_points_trl_at_it(tmp_p
     monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: kw, raising=False)  # vLLM is absent here
     tok, model = tiny_random_model()
     model.name_or_path = model.config._name_or_path = ""
-    grpo_step.engine_for(model, tok, tmp_path / "engine")
+    engine_for(model, tok, tmp_path / "engine")
     assert model.name_or_path == str(tmp_path / "engine") == model.config.name_or_path
     assert (tmp_path / "engine/config.json").is_file() and (
         tmp_path / "engine/tokenizer_config.json"
     ).is_file()
     saved = (tmp_path / "engine/config.json").stat().st_mtime_ns
-    grpo_step.engine_for(model, tok, tmp_path / "other")  # a model that has its directory is not saved again
+    engine_for(model, tok, tmp_path / "other")  # a model that has its directory is not saved again
     assert not (tmp_path / "other").exists() and (tmp_path / "engine/config.json").stat().st_mtime_ns == saved
     assert vllm_generation.LLM(model="m") == {  # Qwen3.5's two engine arguments TRL does not pass
         "model": "m", "additional_config": {"gdn_prefill_backend": "triton"}, "language_model_only": True,

@@ -5,15 +5,10 @@ version, where the first call with the key heads alone failed), 5.24's accepts b
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SPEC = importlib.util.spec_from_file_location(
-    "training_pass", Path(__file__).parent.parent / "bench" / "training_pass.py"
-)
-training_pass = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(training_pass)
+from bench import training_pass
 
 
 @pytest.mark.parametrize("rule", ["transformers", "ours"])

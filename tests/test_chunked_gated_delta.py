@@ -5,8 +5,8 @@ import pytest
 import torch
 from transformers.models.qwen3_5 import modeling_qwen3_5
 
-from bench.grpo_step import padded_tokenizer, random_qwen35
-from trainer.chunked_gated_delta import NAME, chunked_gated_delta, chunked_gated_delta_rule, compiled_rule
+from bench.models import padded_tokenizer, random_qwen35
+from engine.chunked_gated_delta import NAME, chunked_gated_delta, chunked_gated_delta_rule, compiled_rule
 
 REFERENCE = getattr(modeling_qwen3_5, NAME)
 
@@ -116,7 +116,8 @@ def test_packed_sequences_are_refused():
 def without_fla(monkeypatch):
     """A machine without fla, where the block runs ours. With fla installed transformers binds fla's rule and the
     block steps aside, asked for or not (tests/test_run_settings.py), so these tests pin the flag."""
-    from trainer import chunked_gated_delta, config
+    from engine import chunked_gated_delta
+    from trainer import config
 
     monkeypatch.setattr(chunked_gated_delta, "FLA", False)
     monkeypatch.setattr(config, "FLA", False)
@@ -152,8 +153,8 @@ def test_the_block_puts_ours_in_the_model_forward_and_restores_transformers(with
 def test_the_trainer_loss_passes_run_ours_when_the_config_says(tmp_path, monkeypatch, without_fla):
     """`chunked_gated_delta: true` (the GPU default; CPU runs keep transformers') puts ours in every training
     forward of a step, and the step's loss and gradient norm match transformers' rule's within float32."""
+    from engine import chunked_gated_delta as module
     from tests.scripted import make_trainer, tiny_random_model
-    from trainer import chunked_gated_delta as module
 
     calls = []
     counting = lambda *a, **kw: calls.append(1) or chunked_gated_delta_rule(*a, **kw)  # noqa: E731

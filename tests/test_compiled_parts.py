@@ -1,4 +1,4 @@
-"""compile_norms_mlp (trainer/compiled_parts.py): the training forward's norms and MLPs compiled, the same
+"""compile_norms_mlp (engine/compiled_parts.py): the training forward's norms and MLPs compiled, the same
 numbers as eager at every row length without compiling per length, scoped to the block, and in the trainer's
 loss passes when the config says so."""
 
@@ -7,9 +7,9 @@ from argparse import Namespace
 import pytest
 import torch
 
-from bench.grpo_step import padded_tokenizer, random_qwen35
-from trainer import compiled_parts as module
-from trainer.compiled_parts import compiled_parts, parts
+from bench.models import padded_tokenizer, random_qwen35
+from engine import compiled_parts as module
+from engine.compiled_parts import compiled_parts, parts
 
 
 def tiny_qwen35():

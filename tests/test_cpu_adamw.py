@@ -7,8 +7,8 @@ import io
 import pytest
 import torch
 
+from engine.cpu_adamw import CPUAdamW
 from rundir.state import load_state, save_state
-from trainer.cpu_adamw import CPUAdamW
 
 HYPER = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6)
 

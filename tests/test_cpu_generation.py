@@ -1,4 +1,4 @@
-"""trainer/cpu_generation.py: the CPU decoding loop gives generate's tokens while computing fewer rows."""
+"""engine/cpu_generation.py: the CPU decoding loop gives generate's tokens while computing fewer rows."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ from transformers import GenerationConfig
 
 from data.prompt import render_prompt
 from embedded.build import embedded_tasks
-from trainer import cpu_generation
+from engine import cpu_generation
 
 
 @pytest.fixture(scope="module")

@@ -51,7 +51,8 @@ def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedde
     report = tmp_path / "report.json"
     cmd = [
         sys.executable,
-        str(REPO / "bench/resume_check.py"),
+        "-m",
+        "bench.resume_check",
         "--processes",
         "2",
         "--out",

@@ -11,7 +11,7 @@ from transformers import CompileConfig
 from tests.scripted import tiny_random_model
 from trainer.evaluation import checkpoint_weights, refreshed_weights
 
-CONFIG = CompileConfig(dynamic=False, mode="reduce-overhead")  # trainer/generation.py compiled_config's
+CONFIG = CompileConfig(dynamic=False, mode="reduce-overhead")  # engine/generation.py compiled_config's
 
 
 def runs_model(call, model) -> bool:

@@ -1,4 +1,4 @@
-"""trainer/fla_conv.py on a CPU: the plumbing between transformers' conv contract ([B, C, T]) and fla's ([B, T, C]).
+"""engine/fla_conv.py on a CPU: the plumbing between transformers' conv contract ([B, C, T]) and fla's ([B, T, C]).
 fla's Triton kernel needs CUDA, so here a stand-in with fla's documented contract (x [B, T, D], weight [D, W],
 bias [D], activation 'silu' or None -> (y [B, T, D], final state)) computes the causal conv tap by tap; the model's
 logits and gradients must be those of transformers' own conv, and the module's function must come back after."""
@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bench.grpo_step import padded_tokenizer, random_qwen35
-from trainer import chunked_gated_delta
-from trainer import fla_conv as module
+from bench.models import padded_tokenizer, random_qwen35
+from engine import chunked_gated_delta
+from engine import fla_conv as module
 
 ROOT = Path(__file__).resolve().parent.parent
 

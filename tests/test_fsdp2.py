@@ -75,4 +75,6 @@ def test_resume_names_the_process_count_before_the_fields_it_implies(tmp_path):
     with pytest.raises(
         ConfigError, match=r"launched with 2 process\(es\), this launch has 1; resume with --num_processes 2"
     ):
-        check_resume(run, args, ModelConfig(model_name_or_path="base"), resolve_arm("S2"), 1, {"sha256": None}, [])
+        check_resume(
+            run, args, ModelConfig(model_name_or_path="base"), resolve_arm("S2"), 1, {"sha256": None}, []
+        )

@@ -1,4 +1,4 @@
-"""The Triton decode kernel (trainer/gated_delta_kernel.py) against the gated-delta-rule formula and
+"""The Triton decode kernel (engine/gated_delta_kernel.py) against the gated-delta-rule formula and
 transformers' `torch_recurrent_gated_delta_rule`: on the CPU through Triton's interpreter, on CUDA compiled."""
 
 import os
@@ -20,7 +20,7 @@ INTERPRETED = """
 import sys
 import torch
 from safetensors.torch import load_file, save_file
-from trainer.gated_delta_kernel import decode_update
+from engine.gated_delta_kernel import decode_update
 
 x, result = load_file(sys.argv[1]), {}
 for name in sorted({key.split(".")[0] for key in x}):
@@ -31,7 +31,7 @@ for name in sorted({key.split(".")[0] for key in x}):
     result[f"{name}.state"] = state
     result[f"{name}.same_storage"] = torch.tensor(state.untyped_storage().data_ptr() == address)
     # the same token through generation's decode step with the kernel wired in (bf16 in and out, as in a model)
-    from trainer import generation
+    from engine import generation
 
     generation._kernel = decode_update
     q, k, v, g, beta = (x[f"{name}.raw_{a}"] for a in ("q", "k", "v", "g", "beta"))
@@ -139,7 +139,7 @@ def test_decode_step_with_the_kernel_is_transformers_recurrent_function(interpre
 
 
 def test_refusals_name_the_argument():
-    from trainer.gated_delta_kernel import decode_update
+    from engine.gated_delta_kernel import decode_update
 
     q, k, v, decay, beta = kernel_inputs(*raw_inputs(2, 2, 8, 8)[:5])
     state = torch.zeros(2, 2, 8, 8)
@@ -162,7 +162,7 @@ def test_compiled_call_keeps_the_kernel_in_the_graph():
         pytest.skip(
             "TRITON_INTERPRET is set: the kernel is an interpreted function, which dynamo cannot trace"
         )
-    from trainer.gated_delta_kernel import decode_update
+    from engine.gated_delta_kernel import decode_update
 
     graphs = []
 
@@ -192,7 +192,7 @@ def test_compiled_call_keeps_the_kernel_in_the_graph():
 def cached_step(q, k, v, g, beta, state):
     """What the model's decode step does around the kernel; the cache then copies the returned state into
     its own tensor (transformers' `update_recurrent_state`), here the same tensor."""
-    from trainer.gated_delta_kernel import decode_update
+    from engine.gated_delta_kernel import decode_update
 
     out = decode_update(*kernel_inputs(q, k, v, g, beta), state)
     state.copy_(state)
@@ -204,7 +204,7 @@ def cached_step(q, k, v, g, beta, state):
 def test_cuda_kernel_eager_and_compiled_with_cuda_graphs(shape):
     from torch._dynamo.utils import counters
 
-    from trainer.gated_delta_kernel import decode_update
+    from engine.gated_delta_kernel import decode_update
 
     state = raw_inputs(*shape, device="cuda")[5]
     want_state = state.clone()

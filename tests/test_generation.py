@@ -1,4 +1,4 @@
-"""The fixed-shape generation path (trainer/generation.py) samples what eager generation samples.
+"""The fixed-shape generation path (engine/generation.py) samples what eager generation samples.
 
 On a CPU transformers does not compile generation, so these tests run the fixed shapes (filled rows,
 bucketed widths) and the static cache eagerly; the compiled decode step is checked on a GPU by
@@ -14,8 +14,8 @@ from trl import GRPOTrainer
 
 from data.prompt import render_prompt
 from data.snapshot import load_snapshot
+from engine import generation
 from tests.scripted import STEP_ARGS, TextGrader, tiny_random_model
-from trainer import generation
 from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError
 from trainer.evaluation import EvalSpec, generate_eval
@@ -143,7 +143,9 @@ def test_trainer_default_on_cpu_is_trls_path(tmp_path):
 
 
 def test_setup_refuses_compiled_generation_with_vllm_or_processes(tmp_path):
-    args = CapGRPOConfig(**STEP_ARGS | dict(output_dir=str(tmp_path), groups_per_step=2, compiled_generation=True))
+    args = CapGRPOConfig(
+        **STEP_ARGS | dict(output_dir=str(tmp_path), groups_per_step=2, compiled_generation=True)
+    )
     for world, use_vllm in ((2, False), (1, True)):
         args.use_vllm = use_vllm
         with pytest.raises(ConfigError, match="compiled_generation: one process"):
@@ -422,7 +424,10 @@ def test_use_cpu_keeps_trls_path_where_cuda_is_present(monkeypatch, tmp_path):
     assert not backends.compiled_rollouts and backends.eval_generation == "eager"
     cpu.use_cpu = False  # the same recipe on the GPU
     backends = decide_backends(cpu, world=1, cuda=True)
-    assert backends.compiled_rollouts and EvalSpec.from_config(cpu, backends.eval_generation).generation == "compiled"
+    assert (
+        backends.compiled_rollouts
+        and EvalSpec.from_config(cpu, backends.eval_generation).generation == "compiled"
+    )
 
 
 def test_deferred_stop_check_keeps_transformers_rule_and_is_scoped():

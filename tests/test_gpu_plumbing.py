@@ -12,14 +12,14 @@ import trl.trainer.grpo_trainer as trl_grpo
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from data.sampler import TaskSampler
+from engine.cpu_adamw import CPUAdamW
+from engine.micro_batch import MicroBatch
 from tests.scripted import TEXT, TextGrader, tiny_random_model
 from trainer import setup
 from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig
-from trainer.cpu_adamw import CPUAdamW
 from trainer.evaluation import EvalSpec, generate_eval, sample_seed
 from trainer.grpo import CapGRPOTrainer
-from trainer.micro_batch import MicroBatch
 
 REPO = Path(__file__).resolve().parent.parent
 G = 4

@@ -125,11 +125,11 @@ def test_checkpoint_is_an_adapter_with_an_adapter_card(lora_run):
 
 def test_evaluation_loads_the_adapter_merged_into_its_base(lora_run):
     """`make eval` on a LoRA stepNNN/ (no config.json there): the base named in adapter_config.json with the
-    stored adapter merged in, as the run's vLLM engine holds it (trainer/lora_push.py)."""
+    stored adapter merged in, as the run's vLLM engine holds it (engine/lora_push.py)."""
     from peft import PeftModel
 
+    from engine.lora_push import stored  # checkpoints hold bf16
     from trainer.evaluation import load_checkpoint
-    from trainer.lora_push import stored  # checkpoints hold bf16
 
     _, _, _, run = lora_run
     model, tokenizer = load_checkpoint(run / "step001", "cpu")
@@ -147,7 +147,7 @@ def test_evaluation_loads_the_adapter_merged_into_its_base(lora_run):
 def test_cpu_adamw_takes_an_adapter_whose_parameters_all_decay(tmp_path, monkeypatch):
     """A single-GPU LoRA run gets CPUAdamW: its adapter has no undecayed parameters (no biases or norms), and
     torch refused the empty group beside the named one (the whole LoRA file errored so on the H200)."""
-    from trainer.cpu_adamw import CPUAdamW
+    from engine.cpu_adamw import CPUAdamW
 
     trainer = lora_trainer(tmp_path, monkeypatch, cpu_adamw=True)
     optimizer = trainer.create_optimizer()

@@ -1,4 +1,4 @@
-"""trainer/lora_push.py against TRL's own LoRA push, without an engine: the same names and values reach vLLM,
+"""engine/lora_push.py against TRL's own LoRA push, without an engine: the same names and values reach vLLM,
 and the training model's base weights stay as they were (TRL's in-place merge and unmerge move them).
 The real engine: tests/real_vllm/test_vllm_lora.py (`make test-vllm`)."""
 
@@ -11,8 +11,8 @@ from peft import LoraConfig, get_peft_model
 from trl.distributed import DistributedBackend
 from trl.generation.vllm_generation import VLLMGeneration
 
+from engine.lora_push import UnmergedLoRAPush, lora_layers
 from tests.scripted import tiny_random_model
-from trainer.lora_push import UnmergedLoRAPush, lora_layers
 
 RECIPE = yaml.safe_load(open("configs/mimo9b-lora.yaml"))
 

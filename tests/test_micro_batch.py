@@ -1,4 +1,4 @@
-"""Training micro-batches the trainer sizes itself (trainer/micro_batch.py), on CPU with fake memory budgets."""
+"""Training micro-batches the trainer sizes itself (engine/micro_batch.py), on CPU with fake memory budgets."""
 
 import json
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from data.prompt import SYSTEM_PROMPT
+from engine import micro_batch
 from tests.scripted import G, make_trainer, tiny_random_model
-from trainer import micro_batch, setup
+from trainer import setup
 from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError
 from trainer.grpo import CapGRPOTrainer
@@ -52,7 +53,9 @@ def test_a_fake_budget_gets_the_largest_micro_batch_that_fits(tiny, tmp_path):
     args.gradient_checkpointing = False  # given: the micro-batch is sized under it
     assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args), budget_bytes=budget).rows == 4
     longer = config(tmp_path, gradient_checkpointing=False, max_completion_length=8 * CAP)
-    assert micro_batch.size_micro_batch(longer, model, PROMPT, on_cpu(longer), budget_bytes=budget).rows == 1  # longer: fewer
+    assert (
+        micro_batch.size_micro_batch(longer, model, PROMPT, on_cpu(longer), budget_bytes=budget).rows == 1
+    )  # longer: fewer
 
 
 def test_given_settings_win(tiny, tmp_path):
@@ -64,7 +67,9 @@ def test_given_settings_win(tiny, tmp_path):
     rows_only = config(tmp_path, per_device_train_batch_size=16)
     chosen = micro_batch.size_micro_batch(rows_only, model, PROMPT, on_cpu(rows_only), budget_bytes=tight)
     assert (chosen.rows, chosen.checkpointing) == (16, True)  # 16 rows do not fit without checkpointing
-    roomy = micro_batch.size_micro_batch(rows_only, model, PROMPT, on_cpu(rows_only), budget_bytes=100 * tight)
+    roomy = micro_batch.size_micro_batch(
+        rows_only, model, PROMPT, on_cpu(rows_only), budget_bytes=100 * tight
+    )
     assert (roomy.rows, roomy.checkpointing) == (16, False)
 
 
@@ -143,10 +148,14 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (total, total))
     args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization = True, "colocate", 2.4 * row / total
-    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2  # the engine's share is not ours
+    assert (
+        micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2
+    )  # the engine's share is not ours
     args.use_vllm = False
     args.gpu_memory_share = (weights + 3 * trainable + head + 2.2 * row) / (total * (1 - micro_batch.RESERVE))
-    assert micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2  # one of several runs on this GPU
+    assert (
+        micro_batch.size_micro_batch(args, model, PROMPT, on_cpu(args)).rows == 2
+    )  # one of several runs on this GPU
     args.gpu_memory_share = 1.0
     gpu = decide_backends(args, world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
     # kept caches: the rollouts' (32 rows, prompt width 64 + cap) and the evaluation's (64 rows, 64 + cap)
@@ -156,17 +165,6 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     freed = 2 * trainable - cache  # moments moved to the host, the kept cache added
     want = next((n for n in (32, 16, 8, 4, 2, 1) if n * row <= 4.5 * row + freed), 1)
     assert micro_batch.size_micro_batch(args, model, PROMPT, gpu).rows == want != 4
-
-
-def _activation_memory():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "bench" / "activation_memory.py"
-    spec = importlib.util.spec_from_file_location("activation_memory", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("family", ["qwen35", "llama"])
@@ -180,7 +178,8 @@ def test_the_estimate_covers_what_autograd_saves(family, monkeypatch):
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    memory = _activation_memory()
+    from bench import activation_memory as memory
+
     torch.manual_seed(0)
     if family == "qwen35":
         shape = SimpleNamespace(
@@ -218,12 +217,17 @@ def test_adamw_state_goes_to_the_gpu_only_when_the_same_micro_batch_fits_beside_
     assert (tight.rows, tight.adamw_state_on_gpu) == (32, False)
     # asked for: the micro-batch is sized in what the state leaves
     forced = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, adamw_state_on_gpu=True)
-    chosen = micro_batch.size_micro_batch(forced, model, PROMPT, on_cpu(forced), budget_bytes=32 * row + state / 2)
+    chosen = micro_batch.size_micro_batch(
+        forced, model, PROMPT, on_cpu(forced), budget_bytes=32 * row + state / 2
+    )
     assert (chosen.rows, chosen.adamw_state_on_gpu) == (16, True)
     off = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False, adamw_state_on_gpu=False)
-    assert not micro_batch.size_micro_batch(off, model, PROMPT, on_cpu(off), budget_bytes=1e15).adamw_state_on_gpu
+    assert not micro_batch.size_micro_batch(
+        off, model, PROMPT, on_cpu(off), budget_bytes=1e15
+    ).adamw_state_on_gpu
     # torch's AdamW keeps its own state on the device: nothing to decide, and asking for it is refused
-    assert not micro_batch.size_micro_batch(config(tmp_path), model, PROMPT, on_cpu(config(tmp_path)), budget_bytes=1e15
+    assert not micro_batch.size_micro_batch(
+        config(tmp_path), model, PROMPT, on_cpu(config(tmp_path)), budget_bytes=1e15
     ).adamw_state_on_gpu
     with pytest.raises(ConfigError, match="adamw_state_on_gpu: true needs CPUAdamW"):
         on_cpu(config(tmp_path, cpu_adamw=False, adamw_state_on_gpu=True))
@@ -242,7 +246,12 @@ def test_adamw_state_takes_rows_from_a_micro_batch_that_still_saturates(tiny, tm
     # the same budget at rows of 64 tokens: half the rows would no longer saturate, so the state stays home
     short = config(tmp_path, cpu_adamw=True, gradient_checkpointing=False)
     budget = 32 * row_bytes(text, PROMPT + CAP, CAP, False) + state / 2
-    assert micro_batch.size_micro_batch(short, model, PROMPT, on_cpu(short), budget_bytes=budget).adamw_state_on_gpu is False
+    assert (
+        micro_batch.size_micro_batch(
+            short, model, PROMPT, on_cpu(short), budget_bytes=budget
+        ).adamw_state_on_gpu
+        is False
+    )
 
 
 @pytest.mark.parametrize("measured", ["act.json", "act_conv.json"])
@@ -257,7 +266,7 @@ def test_with_fla_the_linear_attention_term_covers_what_the_h200_measured(monkey
     path = Path(__file__).resolve().parent.parent / "docs" / "performance" / "h200-2026-12-04e" / measured
     found = json.loads(path.read_text())
     assert found["rule"] == "fla"
-    text = SimpleNamespace(  # bench/grpo_step.py random_qwen35's text config at --hidden 2048 --intermediate 6144
+    text = SimpleNamespace(  # bench/models.py random_qwen35's text config at --hidden 2048 --intermediate 6144
         hidden_size=2048, intermediate_size=6144, linear_num_value_heads=32, linear_key_head_dim=128,
         linear_value_head_dim=128,
     )  # fmt: skip

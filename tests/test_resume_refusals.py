@@ -18,13 +18,13 @@ import torch
 from trl import ModelConfig, TrlParser
 
 from data.snapshot import write_snapshot
+from engine.micro_batch import MicroBatch
 from rundir.run_json import record_resume, versions
 from rundir.state import capture_rng_state, save_state
 from rundir.step import write_manifest
 from trainer import setup, train
 from trainer.checkpoint import is_verified, prune_states
 from trainer.config import CapGRPOConfig
-from trainer.micro_batch import MicroBatch
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = "affine-unresolved-zero-reward-active-v1"  # S2's

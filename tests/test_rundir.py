@@ -329,6 +329,8 @@ def test_the_arrows_run_one_way():
             assert "rundir" not in packages and "trainer" not in packages, module
     for module, packages in _imported_packages("cards").items():
         assert "trainer" not in packages, module
+    for module, packages in _imported_packages("engine").items():  # engine sits below trainer
+        assert "trainer" not in packages, module
 
 
 def test_a_checkpoint_from_before_manifests_is_refused_until_recorded(tmp_path, capsys):

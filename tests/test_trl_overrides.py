@@ -8,7 +8,7 @@ import pytest
 import torch
 from trl import GRPOTrainer
 
-from trainer.cpu_adamw import CPUAdamW
+from engine.cpu_adamw import CPUAdamW
 from trainer.grpo import CapGRPOTrainer
 
 TRL = "trl.trainer.grpo_trainer.GRPOTrainer"

@@ -12,10 +12,10 @@ import torch
 from trl.generation import vllm_generation
 from trl.generation.vllm_generation import VLLMGeneration
 
+from engine.generation import cut_after_eos
 from rewards.grader import GraderPool
 from rewards.outcome import Outcome
 from rewards.reward import OutcomeReward
-from trainer.generation import cut_after_eos
 
 EOS, PAD, CAP = 2, 0, 6
 BOXED = [40, 41, 42]  # stands for "\boxed{4}"

@@ -10,19 +10,19 @@ collective, and only the main process evaluates).
 
 from dataclasses import asdict, dataclass
 
-from trainer.chunked_gated_delta import FLA
+from engine.chunked_gated_delta import FLA
 from trainer.config import ConfigError
 
 
 @dataclass(frozen=True)
 class Backends:
-    compiled_rollouts: bool  # rollouts generate at fixed shapes, compiled on CUDA (trainer/generation.py)
-    cpu_adamw: bool  # the optimizer is CPUAdamW (trainer/cpu_adamw.py)
+    compiled_rollouts: bool  # rollouts generate at fixed shapes, compiled on CUDA (engine/generation.py)
+    cpu_adamw: bool  # the optimizer is CPUAdamW (engine/cpu_adamw.py)
     eval_generation: str  # what in-training evaluation generates with: one of generation.BACKENDS
     chunked_gated_delta: (
-        bool  # the training pass runs our chunked gated delta rule (trainer/chunked_gated_delta.py)
+        bool  # the training pass runs our chunked gated delta rule (engine/chunked_gated_delta.py)
     )
-    fla_conv: bool = False  # the training pass's causal conv is fla's Triton kernel (trainer/fla_conv.py)
+    fla_conv: bool = False  # the training pass's causal conv is fla's Triton kernel (engine/fla_conv.py)
 
     def to_json(self) -> dict:
         """run.json `launch.backends`."""

@@ -21,6 +21,8 @@ from cards.cleanup import scrub_checkpoint_dir
 from cards.run_card import write_run_card
 from data.atomic import FILE_MODE, disk_full, is_disk_full
 from data.eval_sets import HELDOUT
+from engine import sharding
+from engine.cpu_adamw import CPUAdamW
 from rundir.files import Run, read_jsonl, state_dir, state_name, step_dir, steps_path
 from rundir.run_json import update_run_json
 from rundir.state import (
@@ -36,9 +38,7 @@ from rundir.state import (
     verify_state,
 )
 from rundir.step import mark_verified, step_verified, verify_step, write_manifest
-from trainer import sharding
 from trainer.callbacks import export_callback_state
-from trainer.cpu_adamw import CPUAdamW
 
 logger = logging.get_logger(__name__)
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from data.prompt import SYSTEM_PROMPT
+from engine.generation import PROMPT_MULTIPLE
 from rewards.outcome import GRADER_VERSIONS
-from trainer.generation import PROMPT_MULTIPLE
 
 
 class ConfigError(ValueError):
@@ -125,7 +125,7 @@ class CapGRPOConfig(GRPOConfig):
     fixed_samples: int = field(default=8, metadata={"help": "Samples per fixed32 problem."})
     heldout_samples: int = field(default=1, metadata={"help": "Samples per heldout300 problem."})
     eval_batch_size: int = field(default=64, metadata={"help": "Sequences per evaluation generate call."})
-    # --- generation on one GPU (trainer/generation.py) ------------------------------------------------
+    # --- generation on one GPU (engine/generation.py) ------------------------------------------------
     compiled_generation: bool | None = field(
         default=None,
         metadata={"help": "Static cache + compiled decode (default: on for one CUDA process without vLLM)."},
@@ -147,7 +147,7 @@ class CapGRPOConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Qwen3.5's causal conv in the training pass through flash-linear-attention's Triton kernel "
-            "instead of transformers' torch fallback (default: on CUDA when fla is installed; trainer/fla_conv.py)."
+            "instead of transformers' torch fallback (default: on CUDA when fla is installed; engine/fla_conv.py)."
         },
     )
     # --- checkpoints and resume (SPEC §6) ---------------------------------------------------------
@@ -180,7 +180,7 @@ class CapGRPOConfig(GRPOConfig):
         default=False,
         metadata={
             "help": "Compile the training forward's RMSNorms, gated norms and MLPs (one graph per class, dynamic "
-            "in tokens; trainer/compiled_parts.py). Off until measured in whole steps (docs/PERFORMANCE.md)."
+            "in tokens; engine/compiled_parts.py). Off until measured in whole steps (docs/PERFORMANCE.md)."
         },
     )
     gpu_memory_share: float = field(
@@ -193,7 +193,7 @@ class CapGRPOConfig(GRPOConfig):
         metadata={
             "help": "CPUAdamW's fp32 state on the GPU instead of the host (default: when the memory estimate "
             "that sizes the micro-batch has room for it at the same micro-batch, or at a smaller one that still "
-            "saturates the matmuls: trainer/micro_batch.py place_state; run.json launch.micro_batch)."
+            "saturates the matmuls: engine/micro_batch.py place_state; run.json launch.micro_batch)."
         },
     )
     resume: str | None = field(
@@ -229,7 +229,7 @@ class CapGRPOConfig(GRPOConfig):
                   "that read memory nobody wrote; a fill kernel per allocation, also inside CUDA graphs). "
                   "false: the suspect of deterministic generation's 1.7x on the H200, not yet measured."},
     )  # fmt: skip
-    # --- training micro-batch (trainer/micro_batch.py): unset, the trainer sizes it at init ---------------
+    # --- training micro-batch (engine/micro_batch.py): unset, the trainer sizes it at init ---------------
     per_device_train_batch_size: int | None = field(
         default=None,
         metadata={

@@ -36,17 +36,10 @@ from data.atomic import refused_write  # noqa: E402
 from data.eval_sets import FIXED, HELDOUT  # noqa: E402
 from data.prompt import SYSTEM_PROMPT, render_prompt  # noqa: E402
 from data.snapshot import load_snapshot  # noqa: E402
-from rewards.grader import GraderPool, grade_batch  # noqa: E402
-from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
-from rundir.files import read_jsonl, step_dir, summarize, write_eval  # noqa: E402  (the run's files live there)
-from rundir.run_json import RunDirError, read_run_json  # noqa: E402
-from rundir.state import StateError  # noqa: E402
-from rundir.step import verify_step  # noqa: E402
-from trainer import sharding  # noqa: E402
-from trainer.chunked_gated_delta import torch_on_cpu  # noqa: E402
-from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
-from trainer.cpu_generation import compact_decoding  # noqa: E402
-from trainer.generation import (  # noqa: E402
+from engine import sharding  # noqa: E402
+from engine.chunked_gated_delta import torch_on_cpu  # noqa: E402
+from engine.cpu_generation import compact_decoding  # noqa: E402
+from engine.generation import (  # noqa: E402
     BACKENDS,
     PROMPT_MULTIPLE,
     FixedShapes,
@@ -54,7 +47,14 @@ from trainer.generation import (  # noqa: E402
     eval_mode,
     generate_call,
 )
-from trainer.micro_batch import longest_prompt  # noqa: E402
+from engine.micro_batch import longest_prompt  # noqa: E402
+from rewards.grader import GraderPool, grade_batch  # noqa: E402
+from rewards.outcome import GRADER_VERSION, Outcome, grader_name  # noqa: E402
+from rundir.files import read_jsonl, step_dir, summarize, write_eval  # noqa: E402  (the run's files live there)
+from rundir.run_json import RunDirError, read_run_json  # noqa: E402
+from rundir.state import StateError  # noqa: E402
+from rundir.step import verify_step  # noqa: E402
+from trainer.config import CapGRPOConfig, grader_limits  # noqa: E402
 
 GradeFn = Callable[[list[str], list[str], list[bool]], list]  # rewards.grader.grade_batch's shape
 
@@ -78,7 +78,7 @@ class EvalSpec:
     )
     # transformers backends: the batch size is part of what fixes the random stream
     batch_size: int = _config_default("eval_batch_size")
-    generation: str = "eager"  # the backend (trainer/generation.py): its rows differ from another's
+    generation: str = "eager"  # the backend (engine/generation.py): its rows differ from another's
     system_prompt: str = _config_default("system_prompt")  # the recipe's system message (data/prompt.py)
 
     def __post_init__(self):
@@ -167,7 +167,7 @@ def _cut(tokens: Sequence[int], eos: Sequence[int]) -> tuple[list[int], bool]:
 
 def _generate_transformers(model, pad_id: int, prompts, seeds, spec: EvalSpec, eos: list[int]):
     """Left-padded fixed batches in the given order; each batch's stream is seeded from its members.
-    Compiled: the fixed shapes of trainer/generation.py (the last batch filled, widths bucketed)."""
+    Compiled: the fixed shapes of engine/generation.py (the last batch filled, widths bucketed)."""
     config = GenerationConfig(
         do_sample=True,
         temperature=spec.temperature,
@@ -514,7 +514,7 @@ def is_adapter(path: Path) -> bool:
 def merged_adapter(path: Path) -> Iterator[Path]:
     """A LoRA stepNNN/ as a model directory: its base (adapter_config.json's base_model_name_or_path) with the
     stored adapter merged in by PEFT, bf16, with the checkpoint's tokenizer and processor files and the base's
-    generation config; removed afterwards. What the run's vLLM engine held (trainer/lora_push.py)."""
+    generation config; removed afterwards. What the run's vLLM engine held (engine/lora_push.py)."""
     import tempfile
 
     from peft import PeftConfig, PeftModel

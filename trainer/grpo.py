@@ -30,19 +30,20 @@ from trl.models import unwrap_model_for_generation
 from cards.push import push
 from cards.run_card import write_run_card
 from data.prompt import prompt_messages
+from engine import cpu_generation, generation, lora_push
+from engine.chunked_gated_delta import chunked_gated_delta, torch_on_cpu
+from engine.compiled_parts import compiled_parts
+from engine.cpu_adamw import CPUAdamW
+from engine.fla_conv import fla_conv
+from engine.micro_batch import MicroBatch
 from policy.arms import Arm
 from rewards.outcome import Outcome, reward_of
 from rewards.reward import OutcomeReward
 from rundir.state import load_state, restore_rng_state
-from trainer import cpu_generation, generation, lora_push, sampler_agreement
+from trainer import sampler_agreement
 from trainer.backends import Backends
 from trainer.checkpoint import Resume, import_optimizer, load_masters_into_model
-from trainer.chunked_gated_delta import chunked_gated_delta, torch_on_cpu
-from trainer.compiled_parts import compiled_parts
 from trainer.config import CapGRPOConfig
-from trainer.cpu_adamw import CPUAdamW
-from trainer.fla_conv import fla_conv
-from trainer.micro_batch import MicroBatch
 from trainer.selection import Group, Selection, select_groups, shows_gate_gap
 from trainer.step_record import StepRecord
 
@@ -117,7 +118,7 @@ class CapGRPOTrainer(GRPOTrainer):
         torch_on_cpu(self.model)  # a caller's own model; with fla: CPU tensors take the torch reference
         lora_push.install(
             self
-        )  # LoRA pushes to vLLM leave the base weights as they were (trainer/lora_push.py)
+        )  # LoRA pushes to vLLM leave the base weights as they were (engine/lora_push.py)
         self.generation_shapes = None  # None: TRL's generation path
         if run.backends.compiled_rollouts:
             rows = args.generation_rows or args.problems_per_round * self.num_generations
@@ -170,8 +171,8 @@ class CapGRPOTrainer(GRPOTrainer):
 
     def _generate_rollouts(self, prompt_ids: list[list[int]], G: int) -> tuple[list[list[int]], Any]:
         # TRL's transformers path decodes eagerly (it sets disable_compile); on one GPU we run the same
-        # model compiled at fixed shapes (trainer/generation.py), elsewhere TRL's own path (or vLLM).
-        # On a CPU, rows that ended leave the batch (trainer/cpu_generation.py): the same tokens, less work.
+        # model compiled at fixed shapes (engine/generation.py), elsewhere TRL's own path (or vLLM).
+        # On a CPU, rows that ended leave the batch (engine/cpu_generation.py): the same tokens, less work.
         if self.generation_shapes is None:
             with cpu_generation.compact_decoding(self.accelerator.unwrap_model(self.model)):
                 return super()._generate_single_turn(prompt_ids, None, {}, G)

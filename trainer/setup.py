@@ -24,6 +24,8 @@ from transformers.utils import logging
 from trl import ModelConfig, get_peft_config
 
 from data.run_tasks import RunTasks, run_tasks
+from engine.chunked_gated_delta import torch_on_cpu
+from engine.micro_batch import MicroBatch, longest_prompt, size_micro_batch
 from policy.arms import Arm, resolve_arm
 from rewards.grader import GraderPool
 from rundir.resume import rewind
@@ -32,12 +34,10 @@ from rundir.state import put_back_replaced, remove_interrupted_saves
 from trainer.backends import decide_backends
 from trainer.callbacks import RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
-from trainer.chunked_gated_delta import torch_on_cpu
 from trainer.config import CapGRPOConfig, ConfigError, grader_limits, resume_changes, set_checkpointing
 from trainer.evaluation import EvalCallback, EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer, RunSetup
-from trainer.micro_batch import MicroBatch, longest_prompt, size_micro_batch
 from trainer.steps_log import StepsLog
 from trainer.stop_signal import StopOnSignal
 

@@ -32,7 +32,7 @@ def lora(two_steps):
 
 def test_rollouts_and_evaluation_generate_through_vllm(lora):
     probe = lora.probe
-    assert probe["push_class"] == "UnmergedLoRAPush"  # trainer/lora_push.py, not TRL's merge/unmerge
+    assert probe["push_class"] == "UnmergedLoRAPush"  # engine/lora_push.py, not TRL's merge/unmerge
     assert [c["step"] for c in probe["vllm_calls"]] == [0, 1]
     assert probe["transformers_generate_calls"] == 0
     assert probe["weight_pushes"] == [0, 1, 2]  # before each step's rollouts and the step-2 evaluation
@@ -77,7 +77,7 @@ def test_the_checkpoint_is_the_adapter_the_docs_describe(lora):
     assert "LoRA adapter" in (step / "README.md").read_text()
     manifest = json.loads((step / "manifest.json").read_text())
     assert "adapter_model.safetensors" in json.dumps(manifest)
-    # PEFT's merge of the base and the saved adapter is the engine's model, bitwise (trainer/lora_push.py)
+    # PEFT's merge of the base and the saved adapter is the engine's model, bitwise (engine/lora_push.py)
     assert lora.probe["lora"]["vllm_vs_checkpoint_merged_max_abs_diff"] == 0.0
 
 

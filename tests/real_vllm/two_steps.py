@@ -127,7 +127,7 @@ class LoraWatch:
     the base as loaded (bitwise: 0.0 means untouched)."""
 
     def __init__(self, model):
-        from trainer.lora_push import lora_layers
+        from engine.lora_push import lora_layers
 
         self.model, self.layers = model, lora_layers(model)
         self.base = {n: m.get_base_layer().weight.detach().clone() for n, m in self.layers.items()}
@@ -146,7 +146,7 @@ class LoraWatch:
         from peft import PeftModel
         from transformers import Qwen3_5ForConditionalGeneration
 
-        from trainer.lora_push import merged_weight
+        from engine.lora_push import merged_weight
 
         theirs = vllm_weights(engine)
         base = Qwen3_5ForConditionalGeneration.from_pretrained(self.model.name_or_path, dtype=torch.bfloat16)

@@ -13,7 +13,7 @@ a small ring of page-locked host buffers (`ring_slots` x chunk_elems, a few MB i
 3. the new masters, cast to the parameter's dtype, overwrite the grads in the slot and are copied back
    into the parameters in place (non_blocking); the slot's next grad copy is queued behind that copy on
    the same stream. Parameters keep their storage, so CUDA graphs that read them (compiled generation,
-   trainer/generation.py) see the new weights.
+   engine/generation.py) see the new weights.
 
 Parameters must be given with names, using torch's own named-parameter support: `params` is an
 iterable of `(name, tensor)` pairs or a list of param-group dicts whose "params" are such pairs
@@ -23,7 +23,7 @@ exact-resume format saved by `rundir.state`.
 `on_device=True` keeps the fp32 state beside the parameters instead (GPU-resident: 12 more bytes per parameter
 on the device, no host round trip): the same op sequence runs on the parameter's device, over batches of
 chunk_elems, and the masters are copied into the parameters in place. The trainer picks it when the memory
-estimate that sizes the micro-batch leaves room for it (trainer/micro_batch.py), and records the choice.
+estimate that sizes the micro-batch leaves room for it (engine/micro_batch.py), and records the choice.
 
 State is created lazily, for every parameter at once, at the first `step()` or `import_state()`,
 masters copied from the current parameter values; a parameter keeps `step == 0` (and is left

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from trainer.chunked_gated_delta import FLA, modeling_module
+from engine.chunked_gated_delta import FLA, modeling_module
 
 NAME = "causal_conv1d_fn"  # what transformers' Qwen3.5 layer calls (5.17 and 5.2x), looked up at each call
 

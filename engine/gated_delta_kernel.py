@@ -100,7 +100,7 @@ def decode_update(
 
 
 def main() -> None:
-    """`python -m trainer.gated_delta_kernel [B H dk dv]` on a GPU: time each (block_v, num_warps) against
+    """`python -m engine.gated_delta_kernel [B H dk dv]` on a GPU: time each (block_v, num_warps) against
     the memory floor (the state read and written once), to choose BLOCK_V and NUM_WARPS."""
     import functools
     import sys

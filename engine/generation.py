@@ -244,7 +244,7 @@ def gated_delta_decode_step(
     `torch_recurrent_gated_delta_rule` (Qwen3.5's linear-attention layers) with fewer passes over the state.
 
     With decay d = exp(g): S' = d S + k (x) delta, delta = beta (v - d S^T k), out = S'^T q. On CUDA one Triton
-    kernel reads and writes each state tile once (trainer/gated_delta_kernel.py); elsewhere, expanding S'^T q =
+    kernel reads and writes each state tile once (engine/gated_delta_kernel.py); elsewhere, expanding S'^T q =
     d S^T q + (k . q) delta, both reads of S are one batched product S^T [k q] and the update one in-place
     pass. transformers' fallback reads the state three times and writes it twice per layer and token (at batch
     256 ~6.7 of a 12.5 ms decode step, docs/PERFORMANCE.md). Anything but one cached token goes to it."""
@@ -279,7 +279,7 @@ def gated_delta_decode_step(
 def _triton_kernel():
     """The Triton decode update, or None where Triton is absent (it comes with CUDA builds of torch)."""
     try:
-        from trainer.gated_delta_kernel import decode_update
+        from engine.gated_delta_kernel import decode_update
     except ImportError:
         return None
     return decode_update

@@ -24,8 +24,8 @@ import torch
 from transformers.utils import logging
 
 from data.prompt import render_prompt
-from trainer.chunked_gated_delta import FLA
-from trainer.generation import PROMPT_MULTIPLE
+from engine.chunked_gated_delta import FLA
+from engine.generation import PROMPT_MULTIPLE
 
 logger = logging.get_logger(__name__)
 CPU_TOKEN_BUDGET = 16384  # tokens per micro-batch on a CPU: memory rarely binds there, op overhead does
@@ -93,7 +93,7 @@ def head_workspace_bytes(text_config, dtype_bytes: int) -> int:
 
 
 def kept_cache_bytes(text_config, rows: int, length: int, dtype_bytes: int) -> int:
-    """The compiled generation's kept static cache (trainer/generation.py): keys and values of the full-
+    """The compiled generation's kept static cache (engine/generation.py): keys and values of the full-
     attention layers, and each linear-attention layer's recurrent state (float32), for `rows` sequences."""
     layers = text_config.num_hidden_layers
     types = getattr(text_config, "layer_types", None) or ["full_attention"] * layers

@@ -170,3 +170,25 @@ def test_run_json_is_strict_json(tmp_path):
             update_run_json(run, best_step={"set": "heldout300", "step": 2, "accuracy": bad})
     assert json.loads((run / "run.json").read_text(), parse_constant=pytest.fail) == {"arm": "S2"}
     assert sorted(p.name for p in run.iterdir()) == ["run.json"]  # no temp file left either
+
+
+def test_the_setup_decides_without_writing_into_the_declared_config(tmp_path):
+    """Issue 63: the config only declares. build_trainer's decisions (the arm's groups per step, the micro-batch
+    and TRL's batch arithmetic) go into the trainer's own copy and run.json, never back into the declaration."""
+    argv = ["--config", str(REPO / "configs/embedded.yaml"), "--output_dir", str(tmp_path / "run"),
+            "--report_to", "none", "--per_device_train_batch_size", "32"]  # fmt: skip
+    args, model_args = train.parse(argv)
+    declared = args.to_json_string()
+    assert args.gradient_accumulation_steps is None  # derived by the setup
+    trainer = setup.build_trainer(args, model_args)
+    assert args.to_json_string() == declared and trainer.args is not args
+    run = trainer.run_setup
+    assert trainer.args.groups_per_step == args.groups_per_step == 8  # the recipe's, over the arm's 32
+    rollouts = trainer.args.groups_per_step * trainer.args.num_generations
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (
+        run.micro_batch.rows,
+        rollouts // run.micro_batch.rows,
+    )
+    recorded = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert recorded["config"] == json.loads(trainer.args.to_json_string())  # the settings it runs with
+    assert recorded["launch"]["micro_batch"] == run.micro_batch.to_json()

@@ -447,3 +447,21 @@ def test_a_kill_inside_a_resave_is_put_back_before_the_states_are_judged(inputs,
         accepted(inputs, "--resume", str(run))
     assert (run / name).is_dir() and not (run / f".{name}.old-{dead}").exists()
     assert f"{run / name}: put back" in caplog.text and "skipping a broken state" not in caplog.text
+
+
+def test_a_run_whose_micro_batch_was_sized_resumes(inputs, tmp_path):
+    """A recipe that leaves per_device_train_batch_size unset: run.json's config holds the rows the run chose
+    (launch.micro_batch) and the resume compares in those, not the declaration's unset value."""
+    import yaml
+
+    recipe = yaml.safe_load((REPO / "configs/embedded.yaml").read_text())
+    del recipe["per_device_train_batch_size"]
+    (tmp_path / "auto.yaml").write_text(yaml.safe_dump(recipe))
+    run = make_run(inputs)  # its config: the 16 rows it trained in
+    info = json.loads((run / "run.json").read_text())
+    chosen = {"rows": 16, "checkpointing": False, "tokens_per_row": 220, "basis": "cpu: 16384 tokens"}
+    (run / "run.json").write_text(json.dumps({**info, "launch": {"micro_batch": chosen}}))
+    auto = argv(inputs, "--resume", str(run))
+    auto[auto.index("--config") + 1] = str(tmp_path / "auto.yaml")
+    with pytest.raises(ModelTouched):
+        train.main(auto)

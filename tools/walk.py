@@ -25,7 +25,14 @@ def walk(build_path: str) -> list[tuple[str, str]]:
     module, name = build_path.split(":")
     build = getattr(importlib.import_module(module), name)
     out = tempfile.mkdtemp()
-    argv = ["--config", str(ROOT / "configs/embedded.yaml"), "--output_dir", f"{out}/run", "--report_to", "none"]
+    argv = [
+        "--config",
+        str(ROOT / "configs/embedded.yaml"),
+        "--output_dir",
+        f"{out}/run",
+        "--report_to",
+        "none",
+    ]
     args, model_args = TrlParser((CapGRPOConfig, ModelConfig)).parse_args_and_config(argv)
     stays: list[tuple[str, str]] = []
 
@@ -33,11 +40,18 @@ def walk(build_path: str) -> list[tuple[str, str]]:
         if event != "call":
             return None
         file = frame.f_code.co_filename
-        if not file.startswith(str(ROOT)) or "/.venv" in file or "/tests/" in file or file.endswith("walk.py"):
+        if (
+            not file.startswith(str(ROOT))
+            or "/.venv" in file
+            or "/tests/" in file
+            or file.endswith("walk.py")
+        ):
             return None
         values = [frame.f_locals.get(v) for v in frame.f_code.co_varnames[: frame.f_code.co_argcount]]
         holder = frame.f_locals.get("self")
-        if any(isinstance(v, CapGRPOConfig) for v in values) or isinstance(getattr(holder, "args", None), CapGRPOConfig):
+        if any(isinstance(v, CapGRPOConfig) for v in values) or isinstance(
+            getattr(holder, "args", None), CapGRPOConfig
+        ):
             stays.append((os.path.relpath(file, ROOT), frame.f_code.co_qualname))
         return None
 

@@ -24,7 +24,8 @@ from rundir.files import read_jsonl  # noqa: E402
 from rundir.state import load_state, save_state  # noqa: E402
 from trainer import sharding  # noqa: E402
 from trainer.checkpoint import export_optimizer, import_optimizer, load_masters_into_model  # noqa: E402
-from trainer.evaluation import EvalCallback, EvalSpec, checkpoint_weights, run_eval  # noqa: E402
+from trainer.eval_callback import EvalCallback, checkpoint_weights  # noqa: E402
+from trainer.evaluation import EvalSpec, run_eval  # noqa: E402
 
 
 def sharded_model(mesh):

@@ -129,7 +129,7 @@ def test_evaluation_loads_the_adapter_merged_into_its_base(lora_run):
     stored adapter merged in, as the run's vLLM engine holds it (trainer/lora_push.py)."""
     from peft import PeftModel
 
-    from trainer.evaluation import load_checkpoint
+    from trainer.eval_checkpoints import load_checkpoint
     from trainer.lora_push import stored  # checkpoints hold bf16
 
     _, _, _, run = lora_run

@@ -52,7 +52,8 @@ from trainer.callbacks import CallbackEntry, RestoreCallbackState, refuse_unsave
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.chunked_gated_delta import torch_on_cpu
 from trainer.config import CapGRPOConfig, ConfigError, refuse_absurd_numbers, resume_changes
-from trainer.evaluation import EvalCallback, EvalSpec, refuse_past_positions
+from trainer.eval_callback import EvalCallback
+from trainer.evaluation import EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientError, NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer
 from trainer.micro_batch import MicroBatch

@@ -85,7 +85,7 @@ train:  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20
 	$(PY) -m trainer.train --config $(RECIPE) $(if $(call given,ARM),--arm $(ARM)) $(if $(call given,RUN),--output_dir $(RUN)) $(if $(RESUME),--resume $(RESUME)) $(ARGS)
 
 eval:  ## make eval RUN=runs/S2 STEPS=20,29 [CAP=24576]: evaluate saved checkpoints after the fact
-	$(PY) -m trainer.evaluation $(RUN) --steps $(STEPS) $(if $(CAP),--cap $(CAP))
+	$(PY) -m trainer.eval_checkpoints $(RUN) --steps $(STEPS) $(if $(CAP),--cap $(CAP))
 
 regrade:  ## make regrade RUN=runs/S2 [GRADER=v2]: re-grade the run's eval files into results/regrade-GRADER/
 	$(PY) -m rundir.regrade $(RUN) --grader $(or $(GRADER),v2)

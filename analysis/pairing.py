@@ -37,7 +37,7 @@ PLACE_FIELDS = (  # where the run was written and how it reported, not what it t
     "hub_revision",
     "cpu_threads",  # and on how many threads or grader processes: neither changes a row (tests/test_cpu_generation.py)
     "grader_workers",
-    "step0_eval_from",  # the launch's shared step-0 rows, checked identical to the run's own (trainer/evaluation.py)
+    "step0_eval_from",  # the launch's shared step-0 rows, checked identical to the run's own (trainer/eval_callback.py)
 )
 
 

@@ -42,14 +42,15 @@ from transformers import (  # noqa: E402
     Qwen3_5Tokenizer,
 )
 
+from data.eval_sets import choose_eval_sets  # noqa: E402
 from data.prompt import SYSTEM_PROMPT, prompt_messages  # noqa: E402
+from data.snapshot import write_snapshot  # noqa: E402
 from data.synthetic import generate_tasks  # noqa: E402
 
 # --- embedded defaults: configs/embedded.yaml repeats them (a recipe is plain YAML and imports nothing);
 # tests/test_tiny_base.py checks that the two agree ---------------------------------------------------
-EMBEDDED_CAP = (
-    160  # completion tokens: every reference solution fits (but 0.8% at level 5), re-check loops often do not
-)
+# completion tokens: every reference solution fits (but 0.8% at level 5), re-check loops often do not
+EMBEDDED_CAP = 160
 EMBEDDED_SNAPSHOT_SEED = 0
 EMBEDDED_SNAPSHOT_SIZE = 1200
 EMBEDDED_HELDOUT_SIZE = 300
@@ -112,7 +113,8 @@ class BuildConfig:
     slip_share: float = 0.1
     snapshot_seed: int = EMBEDDED_SNAPSHOT_SEED
     snapshot_size: int = EMBEDDED_SNAPSHOT_SIZE
-    # Added for larger bases (configs/h200-base.json); the defaults are what the shipped base was built with.
+    # Added after the shipped base, for larger bases (configs/h200-base.json), with the values it was built
+    # with as defaults; new fields go below them (digest).
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
     head_dim: int = 32
@@ -124,27 +126,13 @@ class BuildConfig:
 
     def digest(self) -> str:
         fields = asdict(self)
-        # fields added after the shipped base are hashed only when they differ from their defaults,
-        # so that builds made before they existed keep their hash
-        for name, default in _ADDED_LATER.items():
-            if fields[name] == default:
+        # the fields from num_attention_heads on came after the shipped base: hashed only when they differ
+        # from their defaults, so that builds made before they existed keep their hash
+        names = list(fields)
+        for name in names[names.index("num_attention_heads") :]:
+            if fields[name] == self.__dataclass_fields__[name].default:
                 del fields[name]
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
-
-
-_ADDED_LATER = {
-    name: BuildConfig.__dataclass_fields__[name].default
-    for name in (
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "linear_num_key_heads",
-        "linear_num_value_heads",
-        "linear_head_dim",
-        "recheck_max_repeats",
-        "sft_bf16",
-    )
-}
 
 
 # --- tokenizer -----------------------------------------------------------------------------------
@@ -442,8 +430,6 @@ def embedded_tasks() -> list[dict]:
 
 
 def embedded_eval_sets(tasks: list[dict]):
-    from data.eval_sets import choose_eval_sets
-
     return choose_eval_sets(
         [t["id"] for t in tasks],
         seed=EMBEDDED_EVAL_SETS_SEED,
@@ -470,8 +456,6 @@ def build_base(
     report_cap: int = EMBEDDED_CAP,
 ) -> dict:
     """Build, warm-start and save the tiny base to `out`; optionally report on held-out problems."""
-    from data.snapshot import write_snapshot
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / MANIFEST).unlink(missing_ok=True)
@@ -517,9 +501,8 @@ def _print_report(report: dict) -> None:
     for name, count in report["outcomes"].items():
         print(f"  {name:<18} {count:>4}  ({count / max(1, n):.1%})")
     print(f"  gate v1 groups     {report['gate_v1_share']:.1%}")
-    print(
-        f"  gate v2 groups     {report['gate_v2_share']:.1%}  (correct + unresolved, no wrong: {report['gate_stat']:.1%})"
-    )
+    stat = f"correct + unresolved, no wrong: {report['gate_stat']:.1%}"
+    print(f"  gate v2 groups     {report['gate_v2_share']:.1%}  ({stat})")
     print("  pass@1 by level    " + "  ".join(f"L{k} {v:.2f}" for k, v in report["pass@1_by_level"].items()))
     fit = report["reference_fit_by_level"]
     print("  references in cap  " + "  ".join(f"L{k} {v:.2f}" for k, v in fit.items()) + "  (whole snapshot)")

@@ -7,7 +7,7 @@ moves the frozen base weights a little (bf16: a whole ulp in about 3% of an adap
 the model merged. Here each adapted layer's weight is pushed as a new tensor W + Δ, rounded once in the
 base's dtype as PEFT's in-place add rounds it, with Δ computed from the adapters as stepNNN/ stores them
 (bf16): the engine then holds exactly the base merged with the saved adapter, so its evaluation rows are
-what `python -m trainer.evaluation` gives on the checkpoint, as for a full fine-tune (whose engine holds
+what `python -m trainer.eval_checkpoints` gives on the checkpoint, as for a full fine-tune (whose engine holds
 the bf16 weights stepNNN/ stores). The rounding is of the order of the bf16 rounding vLLM applies anyway.
 """
 

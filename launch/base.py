@@ -218,7 +218,8 @@ def run_base_report(plan: Plan, work: Path, smoke: bool, gguf: Path | None = Non
     from data.eval_sets import choose_eval_sets, heldout_pool_of
     from data.snapshot import load_snapshot
     from rewards.grader import GraderPool
-    from trainer.evaluation import EvalSpec, generate_eval, load_checkpoint
+    from trainer.eval_checkpoints import load_checkpoint
+    from trainer.evaluation import EvalSpec, generate_eval
 
     grid = plan.base_report
     work.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,8 @@ from engine import sharding
 from rundir.files import read_jsonl
 from rundir.state import load_state, save_state
 from trainer.checkpoint import export_optimizer, import_optimizer, load_masters_into_model
-from trainer.evaluation import EvalCallback, EvalSpec, checkpoint_weights, run_eval
+from trainer.eval_callback import EvalCallback, checkpoint_weights
+from trainer.evaluation import EvalSpec, run_eval
 
 
 def sharded_model(mesh):

@@ -1,4 +1,4 @@
-"""In-training evaluation runs a bf16-rounded copy of the training model (trainer/evaluation.py
+"""In-training evaluation runs a bf16-rounded copy of the training model (trainer/eval_callback.py
 `checkpoint_weights`). transformers keeps its compiled decode call on the model (`get_compiled_call`), and
 deepcopy shares functions, so a copy made after the rollouts compiled it would decode with the training
 model's own weights after prefilling with its own. Shown here on a CPU (nothing compiles until called)."""
@@ -9,7 +9,7 @@ import torch
 from transformers import CompileConfig
 
 from tests.scripted import tiny_random_model
-from trainer.evaluation import checkpoint_weights, refreshed_weights
+from trainer.eval_callback import checkpoint_weights, refreshed_weights
 
 CONFIG = CompileConfig(dynamic=False, mode="reduce-overhead")  # engine/generation.py compiled_config's
 

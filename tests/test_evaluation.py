@@ -26,15 +26,9 @@ from embedded.build import qwen35_config  # noqa: E402
 from rewards.outcome import Outcome  # noqa: E402
 from rundir.files import ROW_FIELDS, eval_path, summarize, write_eval  # noqa: E402
 from rundir.step import write_manifest  # noqa: E402
-from trainer.evaluation import (  # noqa: E402
-    EvalCallback,
-    EvalSpec,
-    load_checkpoint,
-    log_metrics,
-    main,
-    run_eval,
-    sample_seed,
-)
+from trainer.eval_callback import EvalCallback  # noqa: E402
+from trainer.eval_checkpoints import load_checkpoint, main  # noqa: E402
+from trainer.evaluation import EvalSpec, log_metrics, run_eval, sample_seed  # noqa: E402
 
 SPECIALS = (
     "<|endoftext|> <|im_start|> <|im_end|> <|vision_start|> <|vision_end|> <|image_pad|> <|video_pad|>"
@@ -371,12 +365,12 @@ def test_make_eval_at_a_cap_past_the_models_positions_is_one_line_and_writes_not
 ):
     """Issue 61, class 1 on `make eval`: the embedded base has 2048 positions; --cap 2040 after a prompt does not
     fit. Refused by the flag once the checkpoint's config is known, before anything is generated or written."""
-    from trainer import evaluation
+    from trainer import eval_checkpoints
 
     def generated(*args, **kwargs):
         raise AssertionError("generation started")
 
-    monkeypatch.setattr(evaluation, "run_eval", generated)
+    monkeypatch.setattr(eval_checkpoints, "run_eval", generated)
     model, tok = load_checkpoint(tiny_base, "cpu")
     run_dir = saved_run(tmp_path, model, tok, tiny_base, replace(SPEC, cap=40))
     before = sorted(run_dir.rglob("*"))
@@ -397,7 +391,7 @@ def test_a_non_finite_sampling_setting_is_refused(field, value):
 def test_standalone_evaluation_defaults_to_the_runs_device(monkeypatch):
     """`make eval` on a GPU machine: a use_cpu run's training-time rows are CPU rows, so its standalone
     evaluation runs on the CPU too (on the H200 a CUDA default made them differ and `write_eval` refuse)."""
-    from trainer.evaluation import run_device
+    from trainer.eval_checkpoints import run_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert run_device({"config": {"use_cpu": True}}) == "cpu"

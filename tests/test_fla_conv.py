@@ -165,12 +165,12 @@ def fla_bound_on_every_device(monkeypatch):
 
 
 def _loaded(how: str):
-    from trainer import evaluation, setup
+    from trainer import eval_checkpoints, setup
 
     if how == "make train":
         return setup.load_base_model(str(ROOT / "embedded/base"), "float32")[0]
     if how == "make eval --device cpu":
-        return evaluation.load_checkpoint(ROOT / "embedded/base", "cpu")[0]
+        return eval_checkpoints.load_checkpoint(ROOT / "embedded/base", "cpu")[0]
     a = Namespace(hidden=32, layers=4, intermediate=64, vocab=300, seed=0, p_ended=0, cap=8)
     return random_qwen35(a, padded_tokenizer(a.vocab), torch.device("cpu"))  # the bench's and tests' model
 

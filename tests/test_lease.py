@@ -18,7 +18,8 @@ from launch.lease import figures, table
 from launch.plan import load
 from launch.runs import eval_args, fitting, launcher_pid, row_memory
 from rundir.run_json import RunDirError
-from trainer.evaluation import EvalCallback, EvalSpec, sample_seed, shared_step0_rows
+from trainer.eval_callback import EvalCallback, shared_step0_rows
+from trainer.evaluation import EvalSpec, sample_seed
 
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = ROOT / "docs/experiment-qwen"

@@ -129,7 +129,7 @@ def test_evaluation_loads_the_adapter_merged_into_its_base(lora_run):
     from peft import PeftModel
 
     from engine.lora_push import stored  # checkpoints hold bf16
-    from trainer.evaluation import load_checkpoint
+    from trainer.eval_checkpoints import load_checkpoint
 
     _, _, _, run = lora_run
     model, tokenizer = load_checkpoint(run / "step001", "cpu")

@@ -9,9 +9,10 @@ from data.snapshot import snapshot_sha256, write_snapshot
 from rewards.grader import Grade
 from rewards.outcome import GRADER_VERSIONS, Outcome
 from tests.scripted import tiny_random_model
-from trainer import evaluation, setup
+from trainer import eval_checkpoints, setup
 from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError, grader_limits
+from trainer.evaluation import EvalSpec
 
 TASKS = [{"id": f"t{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(3)]
 
@@ -35,11 +36,11 @@ class RecordingPool:
 
 
 def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
-    """`python -m trainer.evaluation` builds its pool from run.json's config, as training built its own."""
+    """`python -m trainer.eval_checkpoints` builds its pool from run.json's config, as training built its own."""
     tok, model = tiny_random_model()
     snapshot = tmp_path / "tasks.json"
     write_snapshot(TASKS, snapshot)
-    spec = evaluation.EvalSpec(cap=4, temperature=1.0, top_p=1.0, seed=1, samples={FIXED: 1, HELDOUT: 1})
+    spec = EvalSpec(cap=4, temperature=1.0, top_p=1.0, seed=1, samples={FIXED: 1, HELDOUT: 1})
     run = {
         "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
         "base_model": "unused: load_checkpoint is replaced",
@@ -49,10 +50,10 @@ def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
         "config": {"grader_workers": 3, "grader_timeout_s": 7.5, "grader_memory_mb": 3000},
     }
     (tmp_path / "run.json").write_text(json.dumps(run))
-    monkeypatch.setattr(evaluation, "GraderPool", RecordingPool)
-    monkeypatch.setattr(evaluation, "load_checkpoint", lambda path, device: (model.float(), tok))
+    monkeypatch.setattr(eval_checkpoints, "GraderPool", RecordingPool)
+    monkeypatch.setattr(eval_checkpoints, "load_checkpoint", lambda path, device: (model.float(), tok))
     RecordingPool.built.clear()
-    assert evaluation.main([str(tmp_path), "--steps", "0", "--device", "cpu"]) == 0
+    assert eval_checkpoints.main([str(tmp_path), "--steps", "0", "--device", "cpu"]) == 0
     assert RecordingPool.built == [{"workers": 3, "timeout_s": 7.5, "memory_mb": 3000, "grader": "v2"}]
     rows = (tmp_path / "results" / "eval_step000.jsonl").read_text().splitlines()
     assert {json.loads(r)["outcome"] for r in rows} == {"wrong"} and len(rows) == 3

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from short_run import REPO, RESUMABLE, rows, run, same_run, train_args, train_cmd
 
 from rundir.step import verify_step
-from trainer import evaluation, train
+from trainer import eval_checkpoints, train
 
 pytestmark = pytest.mark.slow
 
@@ -110,9 +110,9 @@ def test_fresh_run_into_a_finished_run_is_refused_and_changes_nothing(
 
 
 def test_standalone_eval_reproduces_training_rows(short_run):
-    """`make eval` (`python -m trainer.evaluation`, i.e. `evaluation.main`, here in this process) on saved
+    """`make eval` (`python -m trainer.eval_checkpoints`, i.e. `eval_checkpoints.main`, here in this process) on saved
     checkpoints gives byte-identical rows to the in-training evaluation."""
     files = [short_run / "results" / f"eval_step{s:03d}.jsonl" for s in (2, 3)]
     before = [f.read_bytes() for f in files]
-    assert evaluation.main([str(short_run), "--steps", "2,3"]) == 0
+    assert eval_checkpoints.main([str(short_run), "--steps", "2,3"]) == 0
     assert [f.read_bytes() for f in files] == before

@@ -35,7 +35,8 @@ from trainer.backends import decide_backends
 from trainer.callbacks import RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.config import CapGRPOConfig, ConfigError, grader_limits, resume_changes, set_checkpointing
-from trainer.evaluation import EvalCallback, EvalSpec, refuse_past_positions
+from trainer.eval_callback import EvalCallback
+from trainer.evaluation import EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientGuard
 from trainer.grpo import CapGRPOTrainer, RunSetup
 from trainer.steps_log import StepsLog

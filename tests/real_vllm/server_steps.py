@@ -28,7 +28,7 @@ from trl.generation.vllm_client import VLLMClient  # noqa: E402
 from rewards.grader import grade_batch  # noqa: E402
 from tests.real_vllm.two_steps import CoinGrader, SamplingLog, argv_for  # noqa: E402
 from trainer import setup, train  # noqa: E402
-from trainer.evaluation import EvalCallback  # noqa: E402
+from trainer.eval_callback import EvalCallback  # noqa: E402
 
 
 def server_argv(model: str, out: str, lr: float, server: str) -> list[str]:

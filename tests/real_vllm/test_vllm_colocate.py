@@ -92,8 +92,7 @@ def test_standalone_eval_of_a_checkpoint_reproduces_training_rows(lr):
     files) and its rows are the in-training ones, byte for byte (write_eval refuses different rows)."""
     before = (lr.path / "results" / "eval_step002.jsonl").read_bytes()
     # the kernels of the training run (tests/real_vllm/kernels.py), for the same numbers
-    done = run_module(
-        "tests.real_vllm.kernels", "trainer.evaluation", str(lr.path), "--steps", "2", "--backend", "vllm"
-    )
+    module = ("tests.real_vllm.kernels", "trainer.eval_checkpoints")
+    done = run_module(*module, str(lr.path), "--steps", "2", "--backend", "vllm")
     assert "step 2:" in done.stdout
     assert (lr.path / "results" / "eval_step002.jsonl").read_bytes() == before

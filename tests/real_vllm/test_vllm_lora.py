@@ -82,10 +82,10 @@ def test_the_checkpoint_is_the_adapter_the_docs_describe(lora):
 
 
 def test_standalone_eval_of_the_adapter_reproduces_training_rows(lora):
-    """`make eval` on step002/ with vLLM merges the adapter into its base (trainer/evaluation.py) and writes
+    """`make eval` on step002/ with vLLM merges the adapter into its base (trainer/eval_checkpoints.py) and writes
     the in-training rows byte for byte (write_eval refuses different rows)."""
     before = (lora.path / "results" / "eval_step002.jsonl").read_bytes()
-    module = ("tests.real_vllm.kernels", "--no-conv-pack", "trainer.evaluation")
+    module = ("tests.real_vllm.kernels", "--no-conv-pack", "trainer.eval_checkpoints")
     done = run_module(*module, str(lora.path), "--steps", "2", "--backend", "vllm")
     assert "step 2:" in done.stdout
     assert (lora.path / "results" / "eval_step002.jsonl").read_bytes() == before

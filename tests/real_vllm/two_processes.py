@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 from rewards.grader import grade_batch
 from tests.real_vllm.two_steps import CoinGrader, argv_for  # imports tests.real_vllm.kernels
 from trainer import setup, train
-from trainer.evaluation import EvalCallback
+from trainer.eval_callback import EvalCallback
 
 PROCESSES = 2
 

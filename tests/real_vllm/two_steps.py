@@ -5,7 +5,7 @@
 Runs `trainer.setup.build_trainer` as `make train` does (snapshot, eval sets, callbacks, checkpoints), with
 one substitution: training's grader is a coin on the completion text (a random-init model never answers,
 and a group needs a correct and a wrong rollout to pass S2's gate), so every step trains; evaluation keeps
-the real grader, as `python -m trainer.evaluation` grades. `--skip-pushes` drops every weight push after
+the real grader, as `python -m trainer.eval_checkpoints` grades. `--skip-pushes` drops every weight push after
 the engine's start (what a broken sync would do). `--lora` trains configs/mimo9b-lora.yaml's adapters (its
 `use_peft`, `lora_*` fields and dtype) instead of the whole model, and adds the probe's "lora" entry. Writes
 RUN_DIR/vllm_probe.json: every vLLM generate call (prompts, tokens, vLLM's log-probs, the step it ran
@@ -38,7 +38,7 @@ from rewards.grader import BatchReport, Grade, grade_batch  # noqa: E402
 from rewards.outcome import GRADER_VERSION, Outcome  # noqa: E402
 from trainer import setup  # noqa: E402
 from trainer.config import CapGRPOConfig  # noqa: E402
-from trainer.evaluation import EvalCallback  # noqa: E402
+from trainer.eval_callback import EvalCallback  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 LORA_RECIPE = REPO / "configs/mimo9b-lora.yaml"

@@ -130,3 +130,14 @@ def test_arms_or_seeds_that_repeat_are_refused_before_anything_starts(edit, says
 def test_train_raises_and_never_exits(started, tmp_path):
     with pytest.raises(LaunchError, match="--seeds \\[7\\]: not among"):
         runs.train(load(PLAN), tmp_path / "w", tmp_path / "o", smoke=False, seeds=[7])
+
+
+def test_the_trainer_reads_the_command_line_as_the_settings(tmp_path):
+    from launch.settings import argv
+    from trainer.train import parse
+
+    settings = run_settings(load(PLAN), {}, tmp_path / "S2-s3", "S2", 3, smoke=False, parallel=2)
+    args, model = parse(argv(settings)[3:])
+    assert {k: getattr(args, k) for k in ("arm", "seed", "max_steps", "eval_every", "cpu_threads")} == {
+        "arm": "S2", "seed": 3, "max_steps": 10, "eval_every": 5, "cpu_threads": 1}  # fmt: skip
+    assert args.output_dir == str(tmp_path / "S2-s3") and model.model_name_or_path == "embedded/base"

@@ -14,9 +14,10 @@ SHIPPED = $(filter configs/embedded.yaml configs/mimo9b.yaml configs/mimo9b-lora
 RUN ?= runs/$(if $(filter-out configs/embedded.yaml,$(SHIPPED)),$(basename $(notdir $(RECIPE)))-)$(ARM)
 given = $(or $(SHIPPED),$(filter command line,$(origin $(1))))
 BASE ?= artifacts/base
-ARMS ?= S0,S2,S4
 SEEDS ?=
-JOBS ?= 2
+# `make experiment`: the plan (PLAN=) and work folder (WORK=) it runs in
+EXPERIMENT = $(or $(PLAN),docs/experiment-embedded/seeds6/plan.yaml)
+EXPERIMENT_WORK = $(or $(WORK),artifacts/experiment)
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
@@ -94,8 +95,9 @@ compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/S2 B=runs/S0 [A_STEP=N B_STEP=N] [OUT=dir]" >&2; exit 2; }
 	$(PY) -m analysis.compare '$(A)' '$(B)' $(if $(A_STEP),--a-step $(A_STEP)) $(if $(B_STEP),--b-step $(B_STEP)) $(if $(OUT),--out $(OUT))
 
-experiment:  ## make experiment [ARMS=S0,S2,S4] [SEEDS=0,1,2] [OUT=docs/experiment-embedded]: train every arm (control first) from the embedded recipe, compare each with the control
-	$(PY) -m trainer.experiment --recipe configs/embedded.yaml --arms $(ARMS) $(if $(SEEDS),--seeds $(SEEDS)) --jobs $(JOBS) $(if $(OUT),--out $(OUT)) $(if $(ARGS),-- $(ARGS))
+experiment:  ## make experiment [PLAN=docs/experiment-embedded/seeds6/plan.yaml] [WORK=artifacts/experiment] [SEEDS=0,1] [JOBS=2] [ARGS="--budget-s 3600"]: every arm x seed of the plan through the launcher (default: the embedded seeds6 plan, on the CPU), then the report of the fresh runs
+	$(PY) -m launch $(EXPERIMENT) train --work $(EXPERIMENT_WORK) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(JOBS),--parallel $(JOBS)) $(ARGS)
+	$(PY) -m launch $(EXPERIMENT) report --results $(EXPERIMENT_WORK)/runs
 
 launch:  ## make launch PLAN=docs/experiment-real/plan.yaml STAGE=base|train|watch|pack|report [WORK=dir] [ARGS="--smoke --budget-s 500"]: one experiment from its plan file (docs/launch.md)
 	@test -n "$(PLAN)" -a -n "$(STAGE)" || { echo "usage: make launch PLAN=docs/experiment-*/plan.yaml STAGE=base|train|watch|pack|report [WORK=dir] [ARGS=...]" >&2; exit 2; }

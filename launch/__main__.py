@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from data.atomic import refused_write
-from launch.plan import ROOT, load
+from launch.plan import ROOT, LaunchError, load
 from rundir.errors import RunFileError
 
 
@@ -61,84 +61,71 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--into", type=Path)
     args = ap.parse_args(argv)
     try:
-        plan = load(args.plan)
-    except SystemExit as e:
-        print(e, file=sys.stderr)
-        return 1
-    work = (args.work or ROOT / "artifacts" / plan.name).resolve()
-    out = args.out or Path(os.environ.get("OUT") or work / "out")
-    try:
-        if args.stage == "report":
-            from launch.report import report
-
-            print(report(plan, args.results), end="")
-            return 0
-        if args.stage == "unpack":
-            from launch.runs import unpack
-
-            return unpack(plan, args.archive, args.into)
-        if args.stage == "base":
-            from launch.base import run_base_report
-            from launch.runs import pack
-
-            if plan.base_report is None:
-                from launch.base import build_base
-
-                build_base(plan, work, None, args.smoke, args.gguf)
-            else:
-                run_base_report(plan, work, args.smoke, args.gguf)
-            for name in ("base_report.md", "choice.json"):
-                if (work / name).is_file():
-                    out.mkdir(parents=True, exist_ok=True)
-                    (out / name).write_bytes((work / name).read_bytes())
-            pack(plan, work, out)
-            return 0
-        if args.stage == "watch":
-            from launch.runs import watch
-
-            return watch(work, args.for_s)
-        if args.stage == "pack":
-            from launch.runs import pack, pack_caches
-
-            pack(plan, work, out)
-            if args.with_caches:
-                pack_caches(work, out)
-            return 0
-        if args.detach:
-            from launch.runs import detach
-
-            rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--detach"]
-            return detach(
-                work, [sys.executable, "-m", "launch", *rest, "--work", str(work), "--out", str(work / "out")]
-            )
-        from launch.runs import train
-
-        seeds = None if args.seeds is None else _seeds(args.seeds)
-        return train(
-            plan,
-            work,
-            out,
-            args.smoke,
-            args.budget_s,
-            args.gguf,
-            args.parallel,
-            seeds,
-            args.gpus,
-            args.caches,
-        )
-    except SystemExit as e:
-        if e.code in (None, 0) or isinstance(e.code, int):
-            raise
-        print(e.code, file=sys.stderr)
-        return 1
+        return run(args, argv)
+    except LaunchError as e:  # a plan, a refusal or a failed run: one line
+        print(f"error: {e}", file=sys.stderr)
     except RunFileError as e:  # a committed row file or rows.tar.xz that cannot be read (the report's rows)
         print(f"error: {e}", file=sys.stderr)
-        return 1
     except OSError as e:
         if (refused := refused_write(e)) is None:
             raise
         print(f"error: {refused}", file=sys.stderr)  # a read-only or full work or out folder
-        return 1
+    return 1
+
+
+def run(args: argparse.Namespace, argv: list[str] | None) -> int:
+    plan = load(args.plan)
+    work = (args.work or ROOT / "artifacts" / plan.name).resolve()
+    out = args.out or Path(os.environ.get("OUT") or work / "out")
+    if args.stage == "report":
+        from launch.report import report
+
+        print(report(plan, args.results), end="")
+        return 0
+    if args.stage == "unpack":
+        from launch.pack import unpack
+
+        return unpack(plan, args.archive, args.into)
+    if args.stage == "base":
+        from launch.base import run_base_report
+        from launch.pack import pack
+
+        if plan.base_report is None:
+            from launch.base import build_base
+
+            build_base(plan, work, None, args.smoke, args.gguf)
+        else:
+            run_base_report(plan, work, args.smoke, args.gguf)
+        for name in ("base_report.md", "choice.json"):
+            if (work / name).is_file():
+                out.mkdir(parents=True, exist_ok=True)
+                (out / name).write_bytes((work / name).read_bytes())
+        pack(plan, work, out)
+        return 0
+    if args.stage == "watch":
+        from launch.watch import watch
+
+        return watch(work, args.for_s)
+    if args.stage == "pack":
+        from launch.pack import pack, pack_caches
+
+        pack(plan, work, out)
+        if args.with_caches:
+            pack_caches(work, out)
+        return 0
+    if args.detach:
+        from launch.watch import detach
+
+        rest = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--detach"]
+        return detach(
+            work, [sys.executable, "-m", "launch", *rest, "--work", str(work), "--out", str(work / "out")]
+        )
+    from launch.runs import train
+
+    seeds = None if args.seeds is None else _seeds(args.seeds)
+    return train(
+        plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus, args.caches
+    )
 
 
 def _seeds(text: str) -> list[int]:
@@ -148,9 +135,9 @@ def _seeds(text: str) -> list[int]:
         try:
             seed = int(part)
         except ValueError:
-            raise SystemExit(f"error: --seeds: {part!r} is not a whole number") from None
+            raise LaunchError(f"--seeds: {part!r} is not a whole number") from None
         if seed in seeds:
-            raise SystemExit(f"error: --seeds: {seed} appears twice")
+            raise LaunchError(f"--seeds: {seed} appears twice")
         seeds.append(seed)
     return seeds
 

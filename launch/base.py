@@ -14,7 +14,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from launch.plan import ROOT, Plan, PlanError, Rule
+from launch.plan import ROOT, LaunchError, Plan, PlanError, Rule
+from policy.arms import GATES
+from rewards.outcome import Outcome
 
 SMOKE = {"problems": 2, "samples": 2, "cap": 24}
 
@@ -32,7 +34,7 @@ def at_cap(rows: list[dict], cap: int) -> dict:
     groups: dict[str, list[str]] = {}
     for r, o in zip(rows, outcomes):
         groups.setdefault(r["task_id"], []).append(o)
-    v1 = sum("correct" in g and "wrong" in g for g in groups.values())
+    v1 = sum(GATES["v1"](map(Outcome, g)) for g in groups.values())  # the trainer's own gate
     mixed = sum(0 < g.count("correct") < len(g) for g in groups.values())
     return {
         "cap": cap,
@@ -45,7 +47,7 @@ def at_cap(rows: list[dict], cap: int) -> dict:
 
 
 def choose(cells: list[dict], rule: Rule) -> dict:
-    """The plan's rule (launch/plan.py Rule); raises SystemExit if neither it nor its fallback picks a cell."""
+    """The plan's rule (launch/plan.py Rule); raises LaunchError if neither it nor its fallback picks a cell."""
     inside = lambda x, band: x is not None and band[0] <= x <= band[1]  # noqa: E731
     candidates = [c for c in cells if all(c.get(k) == v for k, v in rule.candidates.items())]
 
@@ -65,7 +67,7 @@ def choose(cells: list[dict], rule: Rule) -> dict:
         eligible = [(c, k) for c in candidates for k in c["caps"]
                     if inside(k["truncated"], rule.fallback_truncated) and inside(k["pass@1"], rule.pass_at_1)]  # fmt: skip
     if not eligible:
-        raise SystemExit("error: no candidate cell meets the plan's rule or its fallback; see base_report.md")
+        raise LaunchError("no candidate cell meets the plan's rule or its fallback; see base_report.md")
     c, k = min(eligible, key=lambda ck: order(*ck))
     model = {"model": c["model"]} if "model" in c else {}
     return {"tasks": cell_tasks(c), **model, "temperature": c["temperature"], "cap": k["cap"],
@@ -144,7 +146,7 @@ def write_tasks(plan: Plan, work: Path, name: str) -> str:
 
     spec = plan.tasks.get(name)
     if spec is None:
-        raise PlanError(f"error: {plan.path}: tasks has no snapshot {name!r}")
+        raise PlanError(f"{plan.path}: tasks has no snapshot {name!r}")
     target = snapshot_path(work, name)
     if spec.get("generator") == "synthetic":
         from data.synthetic import generate_tasks
@@ -157,9 +159,9 @@ def write_tasks(plan: Plan, work: Path, name: str) -> str:
         target.write_bytes(source.read_bytes())
         sha = spec.get("sha256") or __import__("hashlib").sha256(target.read_bytes()).hexdigest()
     else:
-        raise PlanError(f"error: {plan.path}: tasks.{name} has neither generator: synthetic nor path")
+        raise PlanError(f"{plan.path}: tasks.{name} has neither generator: synthetic nor path")
     if spec.get("sha256") and sha != spec["sha256"]:
-        raise SystemExit(f"error: {target}: sha256 {sha}, the plan pins {spec['sha256']}")
+        raise LaunchError(f"{target}: sha256 {sha}, the plan pins {spec['sha256']}")
     return sha
 
 
@@ -178,8 +180,10 @@ def build_base(plan: Plan, work: Path, model: str | None, smoke: bool, gguf: Pat
             try:
                 convert(gguf or locate(source), out, source)
             except BaseError as e:
-                raise SystemExit(f"error: {e}") from None
+                raise LaunchError(str(e)) from None
         return out
+    if kind == "embedded" and "overrides" not in plan.base:  # the shipped base, as it is (the seeds6 plan)
+        return ROOT / "embedded/base"
     if kind == "embedded":  # built by embedded.build with its own base report (the H200 plan)
         out = work / "base"
         cmd = [sys.executable, "-m", "embedded.build", "--out", str(out), "--snapshot", str(work / "synthetic.tasks.json"),
@@ -195,9 +199,9 @@ def build_base(plan: Plan, work: Path, model: str | None, smoke: bool, gguf: Pat
             except subprocess.TimeoutExpired:
                 code = f"stopped after {budget_s} s"
         if code:
-            raise SystemExit(f"error: the base build failed ({code}); see {work / 'base.log'}")
+            raise LaunchError(f"the base build failed ({code}); see {work / 'base.log'}")
         return out
-    raise PlanError(f"error: {plan.path}: base.kind {kind!r} is neither packaged nor embedded")
+    raise PlanError(f"{plan.path}: base.kind {kind!r} is neither packaged nor embedded")
 
 
 def prompt_text(plan: Plan, name: str) -> str:
@@ -205,7 +209,7 @@ def prompt_text(plan: Plan, name: str) -> str:
 
     text = plan.prompts.get(name)
     if text is None:
-        raise PlanError(f"error: {plan.path}: prompts has no {name!r}")
+        raise PlanError(f"{plan.path}: prompts has no {name!r}")
     return {"recipe": plan.recipe_dict().get("system_prompt", SYSTEM_PROMPT), "project": SYSTEM_PROMPT}.get(
         text, text
     )

@@ -17,8 +17,13 @@ SECTION_KINDS = ("primary", "secondary", "outcome_by_seed", "arm_trajectory", "p
                  "throughput", "launch_status", "reproduction", "seed_table", "timing", "trajectory", "lease")  # fmt: skip
 
 
-class PlanError(SystemExit):
-    """One line naming the plan file and the field; the launcher exits non-zero with it."""
+class LaunchError(Exception):
+    """Every refusal or failure of the launcher: one line, which `python -m launch` prints once as `error: <line>`
+    and exits 1 with; library functions raise it, never exit."""
+
+
+class PlanError(LaunchError, ValueError):
+    """A plan that cannot be read as written: the line names the plan file and the field."""
 
 
 # Inside the plan's mappings, the keys the launcher reads (launch/base.py, runs.py, report.py) or the report
@@ -37,11 +42,11 @@ NESTED_KEYS = {
     "decomposition": ("lead_by_control_outcome", "per_arm_and_step"),
     "budget": ("train_s", "parallel", "gpus", "grace_s", "leader_s", "gpu_share", "memory_growth",
                "drop_finished_weights", "mps", "share_step0", "gpu_memory_share"),
-    "run_args": ("gpu", "smoke"),
+    "run_args": ("gpu", "smoke"),  # each a mapping of trainer config fields (launch/settings.py checks them)
 }  # fmt: skip
 # a report section's keys: these, and the arguments of its kind's function (launch/report.py `section`)
 SECTION_KEYS = ("kind", "heading", "level", "body_level", "launch")
-SECTION_ARGS = {"secondary": ("set", "step", "cap"), "outcome_by_seed": ("steps", "outcome"),
+SECTION_ARGS = {"secondary": ("set", "step", "cap"), "compare": ("ran_in",), "outcome_by_seed": ("steps", "outcome"),
                 "reproduction": ("against", "eval_steps"), "seed_table": ("step",), "timing": ("run",),
                 "trajectory": ("seed",), "lease": ("launches",)}  # fmt: skip
 
@@ -97,7 +102,9 @@ class Plan:
     decomposition: dict = field(default_factory=dict)
     deviation: tuple[str, ...] = ()
     budget: dict = field(default_factory=dict)  # {train_s, parallel, grace_s, leader_s, gpu_share}
-    run_args: dict = field(default_factory=dict)  # {gpu: [...], smoke: [...]} trainer arguments per mode
+    run_args: dict = field(
+        default_factory=dict
+    )  # {gpu: {field: value}, smoke: {...}} trainer config fields per mode
     report: tuple[dict, ...] = ()  # the report's sections, in order (launch/report.py)
     status: str = "final"  # "draft": the launcher refuses to train from it
 
@@ -115,11 +122,11 @@ def _build(cls, raw: dict, where: str):
     known = {f.name for f in fields(cls)}
     for key in raw:
         if key not in known:
-            raise PlanError(f"error: {where}: unknown field '{key}' (known: {', '.join(sorted(known))})")
+            raise PlanError(f"{where}: unknown field '{key}' (known: {', '.join(sorted(known))})")
     try:
         return cls(**raw)
     except TypeError as e:  # a required field missing
-        raise PlanError(f"error: {where}: {e}") from None
+        raise PlanError(f"{where}: {e}") from None
 
 
 class _Loader(yaml.SafeLoader):
@@ -136,9 +143,7 @@ class _Loader(yaml.SafeLoader):
             if not isinstance(key, str):  # an unhashable key is YAML's own error, below
                 continue
             if key in seen:
-                raise PlanError(
-                    f"error: {self.name}:{key_node.start_mark.line + 1}: field {key!r} appears twice"
-                )
+                raise PlanError(f"{self.name}:{key_node.start_mark.line + 1}: field {key!r} appears twice")
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -160,7 +165,7 @@ def _check_keys(raw: dict, path: Path) -> None:
             if rest[0] in value and not (value[rest[0]] is None and rest[0] in ("base_report", "rule")):
                 yield from items(value[rest[0]], f"{where}.{rest[0]}".lstrip("."), rest[1:])
         else:
-            raise PlanError(f"error: {path}: {where}: expected a {'list' if rest[0] == '[]' else 'mapping'}")
+            raise PlanError(f"{path}: {where}: expected a {'list' if rest[0] == '[]' else 'mapping'}")
 
     for spec, known in NESTED_KEYS.items():
         for where, value in items(raw, "", spec.replace("[]", ".[]").split(".")):
@@ -169,16 +174,16 @@ def _check_keys(raw: dict, path: Path) -> None:
 
 def _known_keys(value, known, where: str) -> None:
     if not isinstance(value, dict):
-        raise PlanError(f"error: {where}: expected a mapping, got {type(value).__name__}")
+        raise PlanError(f"{where}: expected a mapping, got {type(value).__name__}")
     if unknown := [k for k in value if k not in known]:
-        raise PlanError(f"error: {where}: unknown field {str(unknown[0])!r} (known: {', '.join(known)})")
+        raise PlanError(f"{where}: unknown field {str(unknown[0])!r} (known: {', '.join(known)})")
 
 
 def _unique(values, where: str) -> None:
     seen = set()
     for v in values:
         if v in seen:
-            raise PlanError(f"error: {where}: {v!r} appears twice")
+            raise PlanError(f"{where}: {v!r} appears twice")
         seen.add(v)
 
 
@@ -187,17 +192,22 @@ def load(path: str | Path) -> Plan:
     try:
         raw = yaml.load(path.read_text(), Loader=lambda text: _Loader(text, path))  # a SafeLoader
     except OSError as e:
-        raise PlanError(f"error: {path}: {e.strerror}") from None
+        raise PlanError(f"{path}: {e.strerror}") from None
     except yaml.YAMLError as e:  # one line: the file, the line, YAML's problem (its own message spans five)
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise PlanError(f"error: {where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
+        raise PlanError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or e})") from None
     if not isinstance(raw, dict):
-        raise PlanError(f"error: {path}: not a mapping of plan fields")
+        raise PlanError(f"{path}: not a mapping of plan fields")
     raw = dict(raw)
     if "path" in raw:
-        raise PlanError(f"error: {path}: unknown field 'path'")
+        raise PlanError(f"{path}: unknown field 'path'")
     _check_keys(raw, path)
+    if "run_args" in raw:
+        from launch.settings import plan_settings
+
+        raw["run_args"] = {mode: plan_settings(args, f"{path}: run_args.{mode}")
+                           for mode, args in raw["run_args"].items()}  # fmt: skip
     if (br := raw.get("base_report")) is not None:
         br = dict(br)
         if br.get("rule") is not None:
@@ -211,37 +221,37 @@ def load(path: str | Path) -> Plan:
     for k in ("arms", "secondaries", "deviation", "report", "seeds"):
         if k in raw and not (k == "seeds" and raw[k] is None):
             if not isinstance(raw[k], list):
-                raise PlanError(f"error: {path}: {k}: expected a list, got {type(raw[k]).__name__}")
+                raise PlanError(f"{path}: {k}: expected a list, got {type(raw[k]).__name__}")
             raw[k] = tuple(raw[k])
     plan = _build(Plan, {"path": path, **raw}, str(path))
     if plan.primary.get("set") not in plan.eval.get("sets", {}):
-        raise PlanError(f"error: {path}: primary.set {plan.primary.get('set')!r} is not one of eval.sets")
+        raise PlanError(f"{path}: primary.set {plan.primary.get('set')!r} is not one of eval.sets")
     for i, sec in enumerate(plan.report):
         if not isinstance(sec, dict):
-            raise PlanError(f"error: {path}: report[{i}]: expected a mapping, got {type(sec).__name__}")
+            raise PlanError(f"{path}: report[{i}]: expected a mapping, got {type(sec).__name__}")
         if sec.get("kind") not in SECTION_KINDS:
             raise PlanError(
-                f"error: {path}: report[{i}].kind {sec.get('kind')!r} is not one of {', '.join(SECTION_KINDS)}"
+                f"{path}: report[{i}].kind {sec.get('kind')!r} is not one of {', '.join(SECTION_KINDS)}"
             )
         _known_keys(sec, (*SECTION_KEYS, *SECTION_ARGS.get(sec["kind"], ())), f"{path}: report[{i}]")
     # a repeat would start (and count) one run twice: refused, as is a run_name that gives two runs one directory
     if bad := [a for a in plan.arms if not isinstance(a, str)]:
-        raise PlanError(f"error: {path}: arms: {bad[0]!r} is not an arm name")
+        raise PlanError(f"{path}: arms: {bad[0]!r} is not an arm name")
     _unique(plan.arms, f"{path}: arms")
     if plan.seeds is not None:
         if bad := [s for s in plan.seeds if type(s) is not int]:
-            raise PlanError(f"error: {path}: seeds: {bad[0]!r} is not a whole number")
+            raise PlanError(f"{path}: seeds: {bad[0]!r} is not a whole number")
         _unique(plan.seeds, f"{path}: seeds")
     try:
         names = [n for arm in plan.arms for n, _ in plan.runs(arm)]
     except (KeyError, IndexError, ValueError) as e:
         raise PlanError(
-            f"error: {path}: run_name {plan.run_name!r}: not a name of {{arm}} and {{seed}} ({e})"
+            f"{path}: run_name {plan.run_name!r}: not a name of {{arm}} and {{seed}} ({e})"
         ) from None
     if dup := next((n for i, n in enumerate(names) if n in names[:i]), None):
-        raise PlanError(f"error: {path}: run_name {plan.run_name!r} gives two runs the directory {dup!r}")
+        raise PlanError(f"{path}: run_name {plan.run_name!r} gives two runs the directory {dup!r}")
     if plan.status not in ("draft", "final"):
-        raise PlanError(f"error: {path}: status {plan.status!r} is neither draft nor final")
+        raise PlanError(f"{path}: status {plan.status!r} is neither draft nor final")
     if not (ROOT / plan.recipe).is_file():
-        raise PlanError(f"error: {path}: recipe {plan.recipe} does not exist")
+        raise PlanError(f"{path}: recipe {plan.recipe} does not exist")
     return plan

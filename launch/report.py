@@ -10,7 +10,8 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   secondary         a secondary comparison (set, step, cap) by the seed-level test
   peak              per arm: the step of the peak mean primary accuracy and the decline from it
   decomposition     the S2 - S0 lead at the compared step split by what S0 did on each paired sample
-  compare           analysis.compare's whole report (report.md) at the last step both arms evaluated
+  compare           analysis.compare's whole report (report.md) at the last step both arms evaluated; `ran_in`:
+                    where the runs were trained, the run-directory row's folder
   throughput        per run: steps/s, tokens/s, generation share, from steps.jsonl's `seconds`
   launch_status     per run: steps logged, updates skipped, steps evaluated
   reproduction      run by run, how far `launch` repeats `against`
@@ -214,8 +215,10 @@ def peak(lx: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
-def compare(lx: Launch) -> str:
-    """analysis.compare's whole report of the arm against the control at the last step both evaluated."""
+def compare(lx: Launch, ran_in: str | None = None) -> str:
+    """analysis.compare's whole report of the arm against the control at the last step both evaluated; `ran_in`:
+    the folder the runs were trained in, which the run-directory row then names (as the report written there did)
+    wherever it names a run, instead of the folder the committed rows are read from."""
     from analysis.compare import compare_runs
 
     control, arm = lx.arms
@@ -223,7 +226,10 @@ def compare(lx: Launch) -> str:
     runs = {a: ",".join(str(lx.dir(a, s)) for s in lx.seeds) for a in (control, arm)}
     with tempfile.TemporaryDirectory() as tmp:
         compare_runs(runs[arm], runs[control], tmp, step_a=step, step_b=step, primary=lx.set)
-        return (Path(tmp) / "report.md").read_text()
+        text = (Path(tmp) / "report.md").read_text()
+    for run in (lx.dir(a, s) for a in (control, arm) for s in lx.seeds) if ran_in else ():
+        text = text.replace(f"`{run.resolve()}`", f"`{Path(ran_in) / run.name}`")  # where a run is named
+    return text
 
 
 def throughput_of(run: Path) -> dict:
@@ -441,7 +447,7 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
         "arm_trajectory": lambda: arm_trajectory(lx, fixed),
         "peak": lambda: peak(lx),
         "decomposition": lambda: decomposition(lx),
-        "compare": lambda: compare(lx),
+        "compare": lambda: compare(lx, **spec),
         "throughput": lambda: throughput(lx),
         "launch_status": lambda: launch_status(lx),
         "reproduction": lambda: reproduction(lx, against, **spec),

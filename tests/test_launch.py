@@ -12,11 +12,11 @@ import pytest
 
 from launch.__main__ import main as launch_main
 from launch.base import at_cap, choose
-from launch.plan import PlanError, Rule, load
+from launch.plan import LaunchError, PlanError, Rule, load
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ["docs/experiment-real/plan.yaml", "docs/experiment-h200/plan.yaml", "docs/experiment-qwen/plan.yaml",
-         "docs/experiment-qwen/plan-x8.yaml"]  # fmt: skip
+         "docs/experiment-qwen/plan-x8.yaml", "docs/experiment-embedded/seeds6/plan.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", PLANS)
@@ -195,7 +195,7 @@ def test_the_rule_takes_the_smallest_cap_in_band_then_the_largest_gate_share():
     cells[1]["caps"][0]["gate_v1"] = 0.4
     assert choose(cells, rule)["temperature"] == 0.7 and choose(cells, rule)["cap"] == 384
     # nothing eligible and no fallback: the experiment is not run
-    with pytest.raises(SystemExit, match="no candidate cell meets the plan's rule"):
+    with pytest.raises(LaunchError, match="no candidate cell meets the plan's rule"):
         choose(cells, Rule(candidates={"prompt": "p"}, truncated=(0.15, 0.35), pass_at_1=(0.6, 0.7)))
 
 
@@ -223,7 +223,7 @@ def test_the_base_stage_at_cpu_sizes_writes_the_report_the_choice_and_an_archive
 
 
 def test_disk_fit_holds_every_stopped_runs_save(tmp_path):
-    from launch.runs import disk_fit
+    from launch.gpus import disk_fit
 
     base = tmp_path / "base"
     base.mkdir()
@@ -271,7 +271,7 @@ def _seed_major(seeds: range) -> list[tuple[Path, str, int]]:
 
 
 def test_the_runs_go_to_the_gpus_in_whole_seed_pairs_round_robin():
-    from launch.runs import assign
+    from launch.gpus import assign
 
     runs = _seed_major(range(8, 24))  # issue 51's 16 seeds on an 8-GPU machine
     shares = assign(runs, 8)
@@ -286,25 +286,25 @@ def test_the_runs_go_to_the_gpus_in_whole_seed_pairs_round_robin():
 
 
 def test_each_gpu_is_one_of_the_visible_ones_and_one_gpu_leaves_the_environment_as_it_is(monkeypatch):
-    from launch.runs import gpu_devices
+    from launch.gpus import gpu_devices
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")
     assert gpu_devices(None, smoke=False) == ["4", "5", "6"] and gpu_devices(2, smoke=False) == ["4", "5"]
     assert gpu_devices(1, smoke=False) == [None]
-    with pytest.raises(SystemExit, match="--gpus 4: 3 GPUs visible"):
+    with pytest.raises(LaunchError, match="--gpus 4: 3 GPUs visible"):
         gpu_devices(4, smoke=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a CPU machine: one "GPU", as before issue 51
     assert gpu_devices(None, smoke=False) == [None] and gpu_devices(2, smoke=True) == ["0", "1"]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setattr(
-        "launch.runs.subprocess.run",
+        "launch.gpus.subprocess.run",
         lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, "".join(f"{i}\n" for i in range(8)), ""),
     )
     assert gpu_devices(None, smoke=False) == [str(i) for i in range(8)]  # nvidia-smi's indices
 
 
 def test_fitting_reads_the_total_of_the_leaders_gpu_and_the_leaders_memory(monkeypatch):
-    import launch.runs as runs
+    import launch.gpus as gpus
 
     totals = {"0": 81559, "3": 143771}  # GPU 0 an 80 GB one: what a wrong GPU's total would fit is 2
 
@@ -316,13 +316,13 @@ def test_fitting_reads_the_total_of_the_leaders_gpu_and_the_leaders_memory(monke
             out = "".join(f"{totals[i]}\n" for i in ids or totals)
         return subprocess.CompletedProcess(cmd, 0, out, "")
 
-    monkeypatch.setattr(runs.subprocess, "run", nvidia_smi)
-    assert runs.gpu_memory_mib(4242, "3") == (14778.0, 143771.0)
-    assert runs.fitting(6, 4242, 0.9, 1.9, "3") == 4  # 0.9 x 143771 / (14778 x 1.9) = 4.6
-    assert runs.fitting(6, 4242, 0.9, 1.9, "0") == 2
-    assert runs.fitting(6, 4242, 0.9, 1.9) == 2  # one GPU: the first total, as before issue 51
+    monkeypatch.setattr(gpus.subprocess, "run", nvidia_smi)
+    assert gpus.gpu_memory_mib(4242, "3") == (14778.0, 143771.0)
+    assert gpus.fitting(6, 4242, 0.9, 1.9, "3") == 4  # 0.9 x 143771 / (14778 x 1.9) = 4.6
+    assert gpus.fitting(6, 4242, 0.9, 1.9, "0") == 2
+    assert gpus.fitting(6, 4242, 0.9, 1.9) == 2  # one GPU: the first total, as before issue 51
     notes = []
-    assert runs.fitting(6, 111, 0.9, 1.0, "3", say=notes.append) == 1 and "70000 of 143771 MiB" in notes[0]
+    assert gpus.fitting(6, 111, 0.9, 1.0, "3", say=notes.append) == 1 and "70000 of 143771 MiB" in notes[0]
 
 
 def test_train_on_two_gpus_runs_each_seed_pair_on_its_gpu_and_packs_the_gpu_logs(

@@ -14,9 +14,11 @@ from types import SimpleNamespace
 import pytest
 
 from launch.__main__ import main as launch_main
+from launch.gpus import fitting, row_memory
 from launch.lease import figures, table
-from launch.plan import load
-from launch.runs import eval_args, fitting, launcher_pid, row_memory
+from launch.plan import LaunchError, load
+from launch.settings import eval_settings
+from launch.watch import launcher_pid
 from rundir.run_json import RunDirError
 from trainer.eval_callback import EvalCallback, shared_step0_rows
 from trainer.evaluation import EvalSpec, sample_seed
@@ -49,13 +51,13 @@ def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():
     differ = {f for f in one.__dataclass_fields__ if getattr(one, f) != getattr(two, f)}
     assert differ == {"path", "name", "seeds", "eval", "budget", "run_args", "report"}
     assert not set(one.seeds) & set(two.seeds) and two.eval["sets"] == one.eval["sets"]
-    assert two.run_args["gpu"] == [*one.run_args["gpu"], "--deterministic", "true"]
+    assert two.run_args["gpu"] == {**one.run_args["gpu"], "deterministic": True}
 
 
 def test_the_trainer_evaluates_at_the_plans_steps_alone():
     plan = load(QWEN / "plan-launch2.yaml")
-    assert eval_args(plan, 30) == ["--eval_every", "1", "--eval_at_steps", "0", "10", "20", "30"]
-    assert eval_args(load(QWEN / "plan.yaml"), 30) == ["--eval_every", "5"]
+    assert eval_settings(plan, 30) == {"eval_every": 1, "eval_at_steps": [0, 10, 20, 30]}
+    assert eval_settings(load(QWEN / "plan.yaml"), 30) == {"eval_every": 5}
     cb = EvalCallback("/nowhere", {}, EvalSpec(), 1, None, eval_steps=(0, 10, 20, 30))
     assert [s for s in range(31) if cb.due(s, 30)] == [0, 10, 20, 30]
     assert [s for s in range(8) if cb.due(s, 7)] == [0, 7]  # the last step always
@@ -113,7 +115,7 @@ def test_copied_step0_rows_are_the_sources_bytes(tmp_path):
 
 
 def test_the_last_step_is_not_saved_where_the_launcher_drops_it():
-    from launch.runs import train  # noqa: F401  (the flag is the launcher's, the skip the trainer's)
+    from launch.settings import run_settings  # noqa: F401  (the flag is the launcher's, the skip the trainer's)
     from trainer.checkpoint import CheckpointCallback
 
     saved = []
@@ -145,7 +147,7 @@ def test_the_last_step_is_not_saved_where_the_launcher_drops_it():
 
 
 def test_runs_at_a_time_come_from_the_leaders_first_row_where_it_has_one(tmp_path, monkeypatch):
-    import launch.runs as runs
+    import launch.gpus as gpus
 
     run = tmp_path / "leader"
     (run / "results").mkdir(parents=True)
@@ -156,7 +158,7 @@ def test_runs_at_a_time_come_from_the_leaders_first_row_where_it_has_one(tmp_pat
     (run / "results/steps.jsonl").write_text(json.dumps(row) + "\n")
     memory = row_memory(run)
     assert memory == pytest.approx((15.988 * 1024 + 850, 139.8 * 1024))
-    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: None)  # MPS: nvidia-smi lists the server
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: None)  # MPS: nvidia-smi lists the server
     assert fitting(8, 1, 0.9, 1.6, row_memory=memory) == 4  # launch 2's leader: 17,222 MiB x 1.6
     assert fitting(8, 1, 0.9, 1.6) == 8  # nothing known: the plan's number, as before
     (run / "results/steps.jsonl").write_text(json.dumps({"step": 1, "gpu_memory": None}) + "\n")
@@ -210,25 +212,25 @@ def test_the_readme_report_of_launch_2_is_what_the_report_command_prints():
 def test_compile_caches_travel_to_the_next_lease_only_to_the_same_torch_triton_and_gpu(
     tmp_path, monkeypatch, capsys
 ):
-    import launch.runs as runs
+    import launch.pack as pack
 
     work = tmp_path / "lease1"
     for name in ("cache/inductor/fxgraph/ab/entry", "cache/triton/K1/kernel.cubin"):
         (work / name).parent.mkdir(parents=True)
         (work / name).write_bytes(b"compiled")
-    archive = runs.pack_caches(work, tmp_path / "out")
+    archive = pack.pack_caches(work, tmp_path / "out")
     assert archive == tmp_path / "out/compile-caches.tar.gz"
-    assert runs.unpack_caches(archive, tmp_path / "lease2")
+    assert pack.unpack_caches(archive, tmp_path / "lease2")
     assert (tmp_path / "lease2/cache/triton/K1/kernel.cubin").read_bytes() == b"compiled"
-    assert not runs.unpack_caches(archive, tmp_path / "lease2")  # never over caches already there
+    assert not pack.unpack_caches(archive, tmp_path / "lease2")  # never over caches already there
     monkeypatch.setattr(
-        runs, "cache_key", lambda: {"torch": "9.9", "triton": "3.6.0", "gpu": "cpu", "cuda": None}
+        pack, "cache_key", lambda: {"torch": "9.9", "triton": "3.6.0", "gpu": "cpu", "cuda": None}
     )
-    assert not runs.unpack_caches(archive, tmp_path / "lease3") and not (tmp_path / "lease3").exists()
+    assert not pack.unpack_caches(archive, tmp_path / "lease3") and not (tmp_path / "lease3").exists()
     assert "not used (torch" in capsys.readouterr().out
     (tmp_path / "cut.tar.gz").write_bytes(archive.read_bytes()[:100])
-    with pytest.raises(SystemExit, match="cut.tar.gz: not a compile-cache archive"):
-        runs.unpack_caches(tmp_path / "cut.tar.gz", tmp_path / "lease4")
+    with pytest.raises(LaunchError, match="cut.tar.gz: not a compile-cache archive"):
+        pack.unpack_caches(tmp_path / "cut.tar.gz", tmp_path / "lease4")
 
 
 def test_the_15b_trial_figures_recompute_from_its_rows():

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from analysis.published import PublishedError, missing_rows, published_reports, read_report, recompute
+from analysis.published import (
+    PublishedError,
+    missing_rows,
+    published_reports,
+    read_report,
+    recompute,
+    table_rows,
+)
 from rundir.archive import unpack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,11 +84,16 @@ def test_check_docs_cli_exits_1_naming_each_missing_file(tmp_path, capsys):
     assert "no 'run directory' row" in capsys.readouterr().err
 
 
-def test_the_readme_embedded_table_is_the_seed_level_report_recomputed(tmp_path):
-    """README.md's embedded table quotes the seeds6 report's seed-level rows, which recompute from the rows."""
+def test_the_seeds6_plan_reports_its_published_report_byte_for_byte_as_the_readme_quotes_it():
+    """The launcher's report stage of docs/experiment-embedded/seeds6/plan.yaml is S2_vs_S0/report.md, byte for
+    byte, from the committed rows; README.md's embedded table quotes its seed-level rows."""
+    from launch.plan import load
+    from launch.report import report as launch_report
+
     report = ROOT / "docs/experiment-embedded/seeds6/S2_vs_S0/report.md"
-    committed, recomputed = recompute(report, tmp_path)
-    assert recomputed == committed
+    text = launch_report(load(ROOT / "docs/experiment-embedded/seeds6/plan.yaml"))
+    assert text == report.read_text()
+    committed = table_rows(text)
     readme = (ROOT / "README.md").read_text()
     for set_name in ("heldout300 (primary)", "fixed32"):
         row = next(r for r in committed if r.startswith(f"| {set_name} | +") and "of 6" in r)

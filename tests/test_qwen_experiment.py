@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launch.base import at_cap, cell_tasks, choose
-from launch.plan import load
+from launch.plan import LaunchError, load
 from launch.report import report
 from rundir.archive import folders, read_bytes
 from rundir.files import read_jsonl
@@ -39,7 +39,7 @@ def test_the_base_report_recomputes_and_only_amendment_1_makes_a_cell_eligible()
         k: v for k, v in committed["choice"].items() if k != "at_choice"}  # fmt: skip
     assert (chosen["temperature"], chosen["cap"]) == (0.7, 320)
     registered = replace(PLAN.base_report.rule, pass_at_1=(0.20, 0.70))  # the rule as committed at 3e19d9b
-    with pytest.raises(SystemExit, match="no candidate cell meets the plan's rule"):
+    with pytest.raises(LaunchError, match="no candidate cell meets the plan's rule"):
         choose(committed["cells"], registered)
 
 

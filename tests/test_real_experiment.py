@@ -9,9 +9,9 @@ import pytest
 
 from analysis.compare import main as compare_main
 from launch.base import at_cap, cell_tasks, choose
+from launch.gpus import fitting
 from launch.plan import load
 from launch.report import Launch, arm_trajectory, primary, report
-from launch.runs import fitting
 from rundir.archive import folders, read_bytes, unpack
 from rundir.files import read_jsonl
 
@@ -151,18 +151,18 @@ def test_the_seed0_comparison_recomputes(tmp_path):
 
 
 def test_runs_at_a_time_fit_the_gpu_at_the_leaders_measured_memory(monkeypatch):
-    import launch.runs as runs
+    import launch.gpus as gpus
 
-    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: (9000.0, 143771.0))
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: (9000.0, 143771.0))
     assert fitting(12, 1) == 12  # 0.9 x 143771 / 9000 = 14.4: all twelve fit
-    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: (15000.0, 143771.0))
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: (15000.0, 143771.0))
     assert fitting(12, 1) == 8
-    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: (200000.0, 143771.0))
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: (200000.0, 143771.0))
     assert fitting(12, 1) == 1  # never none
-    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: None)  # no nvidia-smi: as asked
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: None)  # no nvidia-smi: as asked
     assert fitting(5, 1) == 5
     # docs/experiment-qwen launch 1: the leader held 14,778 MiB at its first step, its runs 27 GiB later
-    monkeypatch.setattr(runs, "gpu_memory_mib", lambda pid, gpu: (14778.0, 143771.0))
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: (14778.0, 143771.0))
     assert fitting(6, 1) == 6 and fitting(6, 1, growth=1.9) == 4
 
 

@@ -141,3 +141,25 @@ def test_the_trainer_reads_the_command_line_as_the_settings(tmp_path):
     assert {k: getattr(args, k) for k in ("arm", "seed", "max_steps", "eval_every", "cpu_threads")} == {
         "arm": "S2", "seed": 3, "max_steps": 10, "eval_every": 5, "cpu_threads": 1}  # fmt: skip
     assert args.output_dir == str(tmp_path / "S2-s3") and model.model_name_or_path == "embedded/base"
+
+
+def test_a_run_written_before_the_setup_redesign_passes_todays_resume_comparison(tmp_path):
+    """Issue 63: run.json's `config` still records the settings the trainer ran with, so a seeds6 run (written at
+    an older commit, by the old config that decided in __post_init__) compares equal field by field with what
+    today's setup decides from the same command line: its resume is accepted (no state here: it restarts)."""
+    from launch.settings import argv
+    from policy.arms import resolve_arm
+    from trainer import setup
+    from trainer.train import parse
+
+    run = tmp_path / "S2-s0"
+    run.mkdir()
+    with tarfile.open(ROOT / "docs/experiment-embedded/seeds6/rows.tar.xz") as tar:
+        info = json.load(io.BytesIO(tar.extractfile("runs/S2-s0/run.json").read()))
+    (run / "run.json").write_text(json.dumps(info))
+    settings = run_settings(load(PLAN), {}, run, "S2", 0, smoke=False, parallel=2)
+    args, model_args = parse([*argv(settings)[3:], "--resume", str(run)])
+    args = setup.settled(args, resolve_arm("S2"), world=1)
+    resume, recorded = setup.check_resume(run, args, model_args, resolve_arm("S2"), 1, info["snapshot"], [])
+    assert recorded is not None and recorded.to_json().items() >= info["launch"]["micro_batch"].items()
+    assert resume.state is None and resume.event["changed"] == {}

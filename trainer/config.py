@@ -220,7 +220,7 @@ class CapGRPOConfig(GRPOConfig):
         default=False,
         metadata={
             "help": "Bitwise-repeatable GPU training: torch's deterministic algorithms, a fixed cuBLAS workspace, "
-            "deterministic cuDNN (trainer/train.py apply_determinism; docs/gpu.md). Refused with vLLM."
+            "deterministic cuDNN (trainer/setup.py apply_determinism; docs/gpu.md). Refused with vLLM."
         },
     )
     deterministic_fill_memory: bool = field(

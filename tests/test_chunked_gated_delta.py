@@ -117,10 +117,10 @@ def without_fla(monkeypatch):
     """A machine without fla, where the block runs ours. With fla installed transformers binds fla's rule and the
     block steps aside, asked for or not (tests/test_run_settings.py), so these tests pin the flag."""
     from engine import chunked_gated_delta
-    from trainer import config
+    from trainer import backends
 
     monkeypatch.setattr(chunked_gated_delta, "FLA", False)
-    monkeypatch.setattr(config, "FLA", False)
+    monkeypatch.setattr(backends, "FLA", False)
 
 
 def test_the_block_puts_ours_in_the_model_forward_and_restores_transformers(without_fla):

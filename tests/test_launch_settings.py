@@ -69,7 +69,11 @@ def started_commands(path: str, smoke: bool, work: Path, monkeypatch) -> list[li
     monkeypatch.setattr(runs, "stop_mps", lambda env: None)
     monkeypatch.setattr(runs.time, "sleep", lambda s: None)
     runs.train(plan, work, work / "out", smoke, budget_s=10**6, parallel=100)
-    subs = ((str(work), "<WORK>"), (str(ROOT), "<ROOT>"), (sys.executable, "<PY>"))
+    subs = (
+        (sys.executable, "<PY>"),
+        (str(work), "<WORK>"),
+        (str(ROOT), "<ROOT>"),
+    )  # the venv may be under ROOT
     return [[a.replace(*subs[0]).replace(*subs[1]).replace(*subs[2]) for a in cmd] for cmd in started]
 
 

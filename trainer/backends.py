@@ -29,8 +29,10 @@ class Backends:
         return asdict(self)
 
 
-def decide_backends(args, world: int, cuda: bool, fla: bool = FLA) -> Backends:
-    """The backends of a run of `args` on `world` processes, with or without CUDA (and fla) on the machine."""
+def decide_backends(args, world: int, cuda: bool, fla: bool | None = None) -> Backends:
+    """The backends of a run of `args` on `world` processes, with or without CUDA (and fla: default, whether it is
+    installed here) on the machine."""
+    fla = FLA if fla is None else fla
     if args.compiled_generation and (args.use_vllm or world > 1):
         raise ConfigError("compiled_generation: one process generating with transformers only (no vLLM)")
     gpu = cuda and not args.use_cpu  # use_cpu: the model stays on the CPU even where CUDA is present

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from data.eval_sets import FIXED, HELDOUT, EvalSets, choose_eval_sets, heldout_pool_of
 from data.sampler import TaskSampler
-from data.snapshot import load_snapshot, snapshot_sha256
+from data.snapshot import load_snapshot, read_math_jsonl, snapshot_sha256
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,8 @@ class RunTasks:
     tasks: Mapping[str, dict]  # every task of the snapshot, by id
     eval_sets: EvalSets
     sampler: TaskSampler  # over the training pool, seeded by task_seed
+    extra_sets: Mapping[str, list[dict]]  # eval_set_files' sets, by name: every problem of each file
+    extra_files: Mapping[str, dict]  # run.json's {name: {"path", "sha256", "tasks"}} of those files
 
     def training_pool(self) -> dict[str, dict]:
         return {t: self.tasks[t] for t in self.eval_sets.train_pool}
@@ -27,8 +29,8 @@ class RunTasks:
 
 
 def run_tasks(args) -> RunTasks:
-    """From a config's snapshot_path, snapshot_sha256, eval_set_seed, heldout_size, fixed_size, heldout_subject
-    and task_seed."""
+    """From a config's snapshot_path, snapshot_sha256, eval_set_seed, heldout_size, fixed_size, heldout_subject,
+    task_seed and eval_set_files."""
     sha = snapshot_sha256(args.snapshot_path)
     tasks = {
         row["id"]: row for row in load_snapshot(args.snapshot_path, expected_sha256=args.snapshot_sha256)
@@ -41,4 +43,14 @@ def run_tasks(args) -> RunTasks:
         heldout_pool=heldout_pool_of(tasks.values(), args.heldout_subject),
     )
     sampler = TaskSampler(list(eval_sets.train_pool), seed=args.task_seed)
-    return RunTasks({"path": str(args.snapshot_path), "sha256": sha}, tasks, eval_sets, sampler)
+    extra_sets, extra_files = {}, {}
+    for name, path in sorted((args.eval_set_files or {}).items()):
+        rows = load_snapshot(path) if str(path).endswith(".tasks.json") else read_math_jsonl(path)
+        extra_sets[name] = sorted((dict(r) for r in rows), key=lambda t: t["id"])
+        extra_files[name] = {
+            "path": str(path),
+            "sha256": snapshot_sha256(path),
+            "tasks": len(extra_sets[name]),
+        }
+    snapshot = {"path": str(args.snapshot_path), "sha256": sha}
+    return RunTasks(snapshot, tasks, eval_sets, sampler, extra_sets, extra_files)

@@ -119,7 +119,8 @@ def kept_caches_bytes(args, backends, text_config, max_prompt_tokens: int, dtype
     rows = args.generation_rows or args.problems_per_round * args.num_generations
     lengths = {rows: width(args.prompt_multiple) + args.max_completion_length}
     if backends.eval_generation == "compiled" and args.eval_every > 0:
-        evaluation = width(PROMPT_MULTIPLE) + (args.eval_cap or args.max_completion_length)
+        extra = [int(entry.rsplit("@", 1)[1]) for entry in getattr(args, "extra_evals", ())]  # SET@CAP
+        evaluation = width(PROMPT_MULTIPLE) + max([args.eval_cap or args.max_completion_length, *extra])
         lengths[args.eval_batch_size] = max(lengths.get(args.eval_batch_size, 0), evaluation)
     return sum(kept_cache_bytes(text_config, n, length, dtype_bytes) for n, length in lengths.items())
 

@@ -349,13 +349,17 @@ class Run:
         return self.meta["eval"]["samples"][name]
 
     def table(self, step: int) -> Table:
-        """The training-cap rows of one step, keyed for pairing (read once): every set of run.json and
-        exactly its task ids × samples per problem, each once, since the pairing relies on it."""
+        """The training-cap rows of one step, keyed for pairing (read once): every set of run.json's eval_sets and
+        exactly its task ids × samples per problem, each once, since the pairing relies on it (the sets of
+        extra_evals' files, at their steps alone, are not in it)."""
         if step in self._tables:
             return self._tables[step]
         path, table = self.eval_files.get((step, self.eval_cap)), {name: {} for name in self.sets}
+        extra = (self.meta.get("extra_evals") or {}).get("sets") or {}  # eval_set_files': read by rows/score
         for i, row in self.rows(step):
             where = f"{path}:{i}"
+            if row["set"] in extra:
+                continue
             if row["set"] not in table:
                 raise RunFileError(
                     f"{where}: eval set {row['set']!r} is not in {self.dir / 'run.json'} eval_sets"

@@ -67,6 +67,7 @@ def write_run_json(
     eval_spec,
     launch: dict,
     callbacks: list[dict],
+    extra_evals: dict | None = None,
 ) -> dict:
     """A new run's run.json, whole, in one write: `args` are the settings the trainer runs with."""
     info = {
@@ -81,6 +82,7 @@ def write_run_json(
         "architecture": architecture,
         "eval_sets": eval_sets.to_json(),
         "eval": eval_spec,
+        **({"extra_evals": extra_evals} if extra_evals else {}),  # the config's extra_evals, with their files
         "config": json.loads(args.to_json_string()),
         "versions": versions(),
         "code": code_commit(),

@@ -111,6 +111,21 @@ class CapGRPOConfig(GRPOConfig):
                   "(checked): copied instead of evaluating the base again (the launcher's shared step 0)."},
     )  # fmt: skip
     eval_cap: int | None = field(default=None, metadata={"help": "Eval token cap (default: training cap)."})
+    extra_evals: list[str] = field(
+        default_factory=list,
+        metadata={"help": "More evaluations at extra_eval_steps, each SET@CAP: fixed32, heldout300 or a name of "
+                  "eval_set_files, at a token cap (math500@1024, heldout300@1152). At the eval cap their rows join "
+                  "eval_stepNNN.jsonl; at another cap they go to eval_stepNNN_capCCCC.jsonl."},
+    )  # fmt: skip
+    extra_eval_steps: list[int] = field(
+        default_factory=list,
+        metadata={"help": "Evaluation steps at which extra_evals run (e.g. 0 and the last)."},
+    )
+    eval_set_files: dict | str | None = field(
+        default=None,
+        metadata={"help": "Evaluation sets beside fixed32 and heldout300, {name: file} (a *.tasks.json snapshot or "
+                  "MATH-format JSONL such as MATH500): every problem, one sample, named in extra_evals."},
+    )  # fmt: skip
     eval_temperature: float | None = field(default=None, metadata={"help": "Default: training temperature."})
     eval_top_p: float | None = field(default=None, metadata={"help": "Default: training top_p."})
     eval_seed: int = field(default=1234, metadata={"help": "Seed of the per-sample evaluation seeds."})
@@ -244,11 +259,12 @@ class CapGRPOConfig(GRPOConfig):
 
     def __post_init__(self):
         """A declaration: recipe values parsed and checked, nothing decided (trainer/setup.py decides)."""
-        if isinstance(self.arms, str):
-            try:
-                self.arms = json.loads(self.arms)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"arms: not a JSON mapping ({e})") from None
+        for name in ("arms", "eval_set_files"):  # a mapping given on the command line is JSON
+            if isinstance(value := getattr(self, name), str):
+                try:
+                    setattr(self, name, json.loads(value))
+                except json.JSONDecodeError as e:
+                    raise ConfigError(f"{name}: not a JSON mapping ({e})") from None
         refuse_absurd_numbers(self)  # first: every check below compares numbers
         if self.task_seed is None:
             self.task_seed = self.seed
@@ -271,6 +287,34 @@ class CapGRPOConfig(GRPOConfig):
         self.per_device_train_batch_size = rows
         self.gradient_accumulation_steps = self.steps_per_generation = self.generation_batch_size = None
         set_checkpointing(self, ckpt)  # unset: decided with the micro-batch
+
+    def _validate_extra_evals(self) -> None:
+        files = self.eval_set_files or {}
+        if not isinstance(files, dict) or not all(isinstance(v, str) and v for v in files.values()):
+            raise ConfigError(f"eval_set_files: a mapping of set names to files, got {files!r}")
+        if taken := sorted({"fixed32", "heldout300"} & set(files)):
+            raise ConfigError(f"eval_set_files: {taken[0]} is the run's own set; give the file another name")
+        known = {"fixed32", "heldout300", *files}
+        for entry in self.extra_evals:
+            name, _, cap = str(entry).rpartition("@")
+            if name not in known or not cap.isdigit() or int(cap) <= 0:
+                raise ConfigError(f"extra_evals: {entry!r} is not SET@CAP with SET one of {sorted(known)} and a "
+                                  "positive token cap")  # fmt: skip
+        if len(set(self.extra_evals)) != len(self.extra_evals):
+            raise ConfigError(f"extra_evals: an entry given twice in {self.extra_evals!r}")
+        if bool(self.extra_evals) != bool(self.extra_eval_steps):
+            raise ConfigError(
+                "extra_evals and extra_eval_steps: give both (what to evaluate, and when) or neither"
+            )
+        for step in self.extra_eval_steps:
+            due = (
+                step in self.eval_at_steps
+                if self.eval_at_steps
+                else self.eval_every and step % self.eval_every == 0
+            )
+            if not isinstance(step, int) or step < 0 or not (due or step == self.max_steps):
+                raise ConfigError(f"extra_eval_steps: {step!r} is not an evaluation step of this run "
+                                  "(eval_at_steps, a multiple of eval_every, or max_steps)")  # fmt: skip
 
     def validate(self) -> None:
         """Our fields (and the TRL ones we depend on) checked before any model or file is touched."""
@@ -298,6 +342,7 @@ class CapGRPOConfig(GRPOConfig):
                 not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.eval_at_steps)):  # fmt: skip
             raise ConfigError(f"eval_at_steps: steps >= 0, with eval_every > 0 (0 turns evaluation off), got "
                               f"{self.eval_at_steps!r}")  # fmt: skip
+        self._validate_extra_evals()
         if self.num_generations is None or self.num_generations < 2:
             raise ConfigError(
                 f"num_generations: a group needs at least 2 rollouts, got {self.num_generations!r}"
@@ -352,6 +397,15 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 
 
+def extra_evals(args) -> dict[int, list[str]]:
+    """`extra_evals` as {cap: [set names]}, in the order given."""
+    out: dict[int, list[str]] = {}
+    for entry in args.extra_evals:
+        name, cap = entry.rsplit("@", 1)
+        out.setdefault(int(cap), []).append(name)
+    return out
+
+
 def set_checkpointing(args, value: bool | None) -> None:
     """transformers >= 5.2x renamed gradient_checkpointing to activation_checkpointing (the old name kept, mirrored
     at __post_init__); the GPU machine's 5.17 has only the old one."""
@@ -366,7 +420,7 @@ def set_checkpointing(args, value: bool | None) -> None:
 # threads (generation runs on one; the training pass gives the same logits and gradients at 1 and 2) and where
 # results are reported or pushed.
 RESUME_MAY_CHANGE = frozenset(
-    {"max_steps", "eval_every", "eval_at_steps", "step0_eval_from", "save_last_step", "gpu_memory_share", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
+    {"max_steps", "eval_every", "eval_at_steps", "extra_evals", "extra_eval_steps", "eval_set_files", "step0_eval_from", "save_last_step", "gpu_memory_share", "checkpoint_steps", "checkpoint_every", "keep_states", "grader_workers",
      "cpu_threads", "report_to", "disable_tqdm", "run_name", "project", "log_level", "log_level_replica",
      "log_on_each_node", "logging_first_step", "logging_nan_inf_filter", "log_completions",
      "num_completions_to_print", "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",

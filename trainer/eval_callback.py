@@ -9,6 +9,7 @@ import copy
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from transformers import TrainerCallback
 
 from engine import sharding
-from rundir.files import read_jsonl, summarize, write_eval  # the run's files live there
+from rundir.files import eval_path, read_jsonl, summarize, write_eval  # the run's files live there
 from rundir.run_json import RunDirError, read_run_json
 from trainer.evaluation import (
     EvalSpec,
@@ -32,7 +33,7 @@ from trainer.evaluation import (
 # --- step 0 ---------------------------------------------------------------------------------------
 # what must match for another run's step-0 rows to be this run's: the same base, tasks, sets, eval settings
 # and grader (the launcher starts every run of a plan from one base and recipe; this says so per run)
-STEP0_SAME = ("base_model", "architecture", "snapshot", "eval_sets", "eval", "grader_version")
+STEP0_SAME = ("base_model", "architecture", "snapshot", "eval_sets", "eval", "extra_evals", "grader_version")
 
 
 def shared_step0_rows(source: Path, run_dir: Path, tasks_by_set: Mapping[str, Sequence[Mapping]],
@@ -63,7 +64,8 @@ def shared_step0_rows(source: Path, run_dir: Path, tasks_by_set: Mapping[str, Se
 class EvalCallback(TrainerCallback):
     """Evaluates at step 0 (not when resuming), every `eval_every` steps (or at `eval_steps` alone: the config's
     eval_at_steps) and at the last step. With `step0_rows` (another run's step-0 file) step 0 copies those rows
-    instead of generating.
+    instead of generating. At `extra_steps` it also evaluates `extra`, {cap: {set: tasks}} (the config's
+    extra_evals): at the spec's cap those rows join the step's file, at another cap they get a file of their own.
 
     After each evaluation: `last_step`, `last_summary` (steps.jsonl's `eval` object), `last_seconds`;
     `log_fn` (e.g. `trainer.log`) gets the flat `log_metrics`. Only the main process generates, with the
@@ -84,10 +86,13 @@ class EvalCallback(TrainerCallback):
         llm_fn: Callable[[], object] | None = None,
         eval_steps: Sequence[int] = (),
         step0_rows: str | Path | None = None,
+        extra: Mapping[int, Mapping[str, Sequence[Mapping]]] | None = None,
+        extra_steps: Sequence[int] = (),
     ):
         if eval_every < 1:
             raise ValueError(f"eval_every must be >= 1, got {eval_every}")
-        unknown = sorted(set(tasks_by_set) - set(spec.samples))
+        extra = extra or {}
+        unknown = sorted({*tasks_by_set, *(s for sets in extra.values() for s in sets)} - set(spec.samples))
         if unknown:
             raise ValueError(f"eval sets {unknown} have no sample count in the eval spec")
         self.run_dir, self.tasks_by_set, self.spec = Path(run_dir), tasks_by_set, spec
@@ -97,12 +102,21 @@ class EvalCallback(TrainerCallback):
         self.last_summary: dict | None = None
         self.last_seconds = 0.0
         self.eval_steps, self.step0_rows = frozenset(eval_steps), step0_rows
+        self.extra, self.extra_steps = extra, frozenset(extra_steps)
         self.weights = None  # the rounded copy every evaluation reuses (refreshed_weights)
 
     def due(self, step: int, max_steps: int) -> bool:
         return step == max_steps or (
             step in self.eval_steps if self.eval_steps else step % self.eval_every == 0
         )
+
+    def sets_at(self, step: int) -> list[tuple[int, dict]]:
+        """[(cap, {set: tasks})] evaluated at `step`, the run's own cap last (its file is the step's summary)."""
+        by_cap = {self.spec.cap: dict(self.tasks_by_set)}
+        if step in self.extra_steps:
+            for cap, sets in self.extra.items():
+                by_cap.setdefault(cap, {}).update(sets)
+        return sorted(by_cap.items(), key=lambda item: item[0] == self.spec.cap)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if state.global_step == 0 and self.due(0, state.max_steps):
@@ -119,8 +133,12 @@ class EvalCallback(TrainerCallback):
         start = time.perf_counter()
         dist = PartialState()
         if dist.is_main_process:
-            rows = shared_step0_rows(self.step0_rows, self.run_dir, self.tasks_by_set, self.spec)
-            write_eval(self.run_dir, 0, rows, overwrite=True)
+            source_run = Path(self.step0_rows).parent.parent
+            for cap, sets in self.sets_at(0):
+                own = cap == self.spec.cap
+                source = Path(self.step0_rows) if own else eval_path(source_run, 0, cap)
+                rows = shared_step0_rows(source, self.run_dir, sets, replace(self.spec, cap=cap))
+                write_eval(self.run_dir, 0, rows, None if own else cap, overwrite=True)
             self.last_summary = summarize(rows)
             tqdm.write(f"step 0: {len(rows)} rows copied from {self.step0_rows}", file=sys.stderr)
             if self.log_fn is not None:
@@ -139,21 +157,18 @@ class EvalCallback(TrainerCallback):
         elif dist.is_main_process:
             weights = self.weights = refreshed_weights(self.weights, model)
         if dist.is_main_process:
-            n = sum(len(tasks) * self.spec.samples[name] for name, tasks in self.tasks_by_set.items())
+            by_cap = self.sets_at(step)
+            n = sum(
+                len(tasks) * self.spec.samples[name] for _, sets in by_cap for name, tasks in sets.items()
+            )
             # its own phase on the console: the progress bar counts optimizer steps and stands still meanwhile
             tqdm.write(f"evaluating step {step}: {n} samples", file=sys.stderr)
             llm = self.llm_fn() if self.llm_fn is not None else None
-            rows = run_eval(
-                weights,
-                self.tokenizer,
-                self.tasks_by_set,
-                self.spec,
-                step,
-                llm=llm,
-                grade_fn=self.grade_fn,
-            )
-            # a resumed run redoing this step supersedes what the interrupted run wrote
-            write_eval(self.run_dir, step, rows, overwrite=True)
+            for cap, sets in by_cap:
+                spec, own = replace(self.spec, cap=cap), cap == self.spec.cap
+                rows = run_eval(weights, self.tokenizer, sets, spec, step, llm=llm, grade_fn=self.grade_fn)
+                # a resumed run redoing this step supersedes what the interrupted run wrote
+                write_eval(self.run_dir, step, rows, None if own else cap, overwrite=True)
             self.last_summary = summarize(rows)
             accuracy = ", ".join(
                 f"{name} {v['accuracy']:.3f}"

@@ -91,7 +91,12 @@ class EvalSpec:
             temperature=args.eval_temperature if args.eval_temperature is not None else args.temperature,
             top_p=args.eval_top_p if args.eval_top_p is not None else args.top_p,
             seed=args.eval_seed,
-            samples={FIXED: args.fixed_samples, HELDOUT: args.heldout_samples},
+            # eval_set_files' sets (extra_evals): one sample a problem
+            samples={
+                FIXED: args.fixed_samples,
+                HELDOUT: args.heldout_samples,
+                **dict.fromkeys(args.eval_set_files or {}, 1),
+            },
             batch_size=args.eval_batch_size,
             generation=generation,
             system_prompt=args.system_prompt,

@@ -34,7 +34,14 @@ from rundir.state import put_back_replaced, remove_interrupted_saves
 from trainer.backends import decide_backends
 from trainer.callbacks import RestoreCallbackState, refuse_unsaved_state, resolve_callbacks
 from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
-from trainer.config import CapGRPOConfig, ConfigError, grader_limits, resume_changes, set_checkpointing
+from trainer.config import (
+    CapGRPOConfig,
+    ConfigError,
+    extra_evals,
+    grader_limits,
+    resume_changes,
+    set_checkpointing,
+)
 from trainer.eval_callback import EvalCallback
 from trainer.evaluation import EvalSpec, refuse_past_positions
 from trainer.finite_gradients import NonFiniteGradientGuard
@@ -74,7 +81,9 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
     problems = [t["problem"] for t in tasks.tasks.values()]
-    caps = {"max_completion_length": args.max_completion_length, "eval_cap": args.eval_cap}
+    caps = {"max_completion_length": args.max_completion_length, "eval_cap": args.eval_cap,
+            "extra_evals": max(extra_evals(args), default=None)}  # fmt: skip
+    problems += [t["problem"] for extra in tasks.extra_sets.values() for t in extra]
     refuse_past_positions(
         model.config,
         tokenizer,
@@ -222,6 +231,9 @@ def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:
             "vllm_mode: server needs a CUDA device on the trainer: TRL pushes the weights to the server over "
             "NCCL (vLLM's weight-transfer engine); on a CPU use vllm_mode: colocate (docs/gpu.md)"
         )
+    for name, path in (args.eval_set_files or {}).items():
+        if not Path(path).is_file():
+            raise ConfigError(f"eval_set_files: {name}: {path}: no such file")
     if not args.snapshot_path:
         raise ConfigError("snapshot_path: required (a *.tasks.json task snapshot)")
     if not Path(args.snapshot_path).is_file():
@@ -315,6 +327,7 @@ def record_new_run(run_dir: Path, trainer, model_args, arch: str, tasks: RunTask
         snapshot=tasks.snapshot,
         eval_sets=tasks.eval_sets,
         eval_spec=spec.to_json(),
+        extra_evals=recorded_extra_evals(trainer.args, tasks),
         launch={
             "num_processes": acc.num_processes,
             "distributed_type": acc.distributed_type.value,
@@ -360,7 +373,22 @@ def evaluation_callback(trainer, tasks: RunTasks, spec: EvalSpec, grader) -> Eva
         llm_fn=trainer.synced_vllm_engine if spec.generation == "vllm" else None,
         eval_steps=args.eval_at_steps,
         step0_rows=args.step0_eval_from,
+        extra=extra_eval_tasks(args, tasks),
+        extra_steps=args.extra_eval_steps,
     )
+
+
+def recorded_extra_evals(args, tasks: RunTasks) -> dict | None:
+    """run.json's `extra_evals`: what, when, and the files' hashes (None without extra_evals)."""
+    if not args.extra_evals:
+        return None
+    return {"evals": args.extra_evals, "steps": args.extra_eval_steps, "sets": dict(tasks.extra_files)}
+
+
+def extra_eval_tasks(args, tasks: RunTasks) -> dict[int, dict[str, list[dict]]]:
+    """extra_evals as {cap: {set: tasks}}: the run's own sets or eval_set_files' (every problem)."""
+    by_name = {**tasks.eval_tasks(), **tasks.extra_sets}
+    return {cap: {name: by_name[name] for name in names} for cap, names in extra_evals(args).items()}
 
 
 def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resume | None) -> None:

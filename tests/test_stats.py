@@ -270,3 +270,15 @@ def test_decline_test_keeps_its_level_when_nothing_changes(n_steps):
     assert 0.05 - 3 * se < rate <= 0.05 + 3 * se
     if n_steps == 11:
         assert naive_rate > rate
+
+
+def test_sign_flip_power_agrees_with_the_seed_count_for_power():
+    """analysis/power.py's table: at the seed pairs seeds_for_power asks for, the simulated power is about 80%
+    (both sides of the exact/Monte Carlo switch at 12 pairs), and fewer pairs buy less."""
+    from analysis.stats import seeds_for_power, sign_flip_power
+
+    for sd, effect in ((9.3, 5.0), (5.0, 3.0), (7.0, 10.3)):
+        n = seeds_for_power(sd, effect)
+        assert 0.74 <= sign_flip_power(sd, effect, n) <= 0.9
+        assert sign_flip_power(sd, effect, max(6, n - 6)) < sign_flip_power(sd, effect, n)
+    assert sign_flip_power(9.3, 0.0, 20) <= 0.07  # no effect: about alpha

@@ -95,9 +95,9 @@ compare:  ## make compare A=runs/S2 B=runs/S0 [A_STEP=N] [B_STEP=N] [OUT=dir]
 	@test -n "$(A)" -a -n "$(B)" || { echo "usage: make compare A=runs/S2 B=runs/S0 [A_STEP=N B_STEP=N] [OUT=dir]" >&2; exit 2; }
 	$(PY) -m analysis.compare '$(A)' '$(B)' $(if $(A_STEP),--a-step $(A_STEP)) $(if $(B_STEP),--b-step $(B_STEP)) $(if $(OUT),--out $(OUT))
 
-experiment:  ## make experiment [PLAN=docs/experiment-embedded/seeds6/plan.yaml] [WORK=artifacts/experiment] [SEEDS=0,1] [JOBS=2] [ARGS="--budget-s 3600"]: every arm x seed of the plan through the launcher (default: the embedded seeds6 plan, on the CPU), then the report of the fresh runs
+experiment:  ## make experiment [PLAN=docs/experiment-embedded/seeds6/plan.yaml] [WORK=artifacts/experiment] [SEEDS=0,1] [JOBS=2] [ARGS="--budget-s 3600"]: every arm x seed of the plan through the launcher (default: the embedded seeds6 plan, on the CPU), then the report of the fresh runs and their comparison (report.md and figures) in WORK/<arm>_vs_<control>/
 	$(PY) -m launch $(EXPERIMENT) train --work $(EXPERIMENT_WORK) $(if $(SEEDS),--seeds $(SEEDS)) $(if $(JOBS),--parallel $(JOBS)) $(ARGS)
-	$(PY) -m launch $(EXPERIMENT) report --results $(EXPERIMENT_WORK)/runs
+	$(PY) -m launch $(EXPERIMENT) report --results $(EXPERIMENT_WORK)/runs --out $(EXPERIMENT_WORK)
 
 launch:  ## make launch PLAN=docs/experiment-real/plan.yaml STAGE=base|train|watch|pack|report [WORK=dir] [ARGS="--smoke --budget-s 500"]: one experiment from its plan file (docs/launch.md)
 	@test -n "$(PLAN)" -a -n "$(STAGE)" || { echo "usage: make launch PLAN=docs/experiment-*/plan.yaml STAGE=base|train|watch|pack|report [WORK=dir] [ARGS=...]" >&2; exit 2; }

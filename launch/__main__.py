@@ -55,7 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--smoke", action="store_true", help="CPU sizes, the tiny embedded base")
     ap.add_argument(
-        "--results", type=Path, default=None, help="report: rows from here, not the plan's results"
+        "--results",
+        type=Path,
+        default=None,
+        help="report: rows from here, not the plan's results (with --out: their analysis.compare report and figures written under it)",
     )
     ap.add_argument("--archive", type=Path)
     ap.add_argument("--into", type=Path)
@@ -78,9 +81,13 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     work = (args.work or ROOT / "artifacts" / plan.name).resolve()
     out = args.out or Path(os.environ.get("OUT") or work / "out")
     if args.stage == "report":
-        from launch.report import report
+        from launch.report import report, write_comparison
 
         print(report(plan, args.results), end="")
+        if (
+            args.results is not None and args.out is not None
+        ):  # fresh runs: their comparison written beside them
+            print(f"wrote {write_comparison(plan, args.results, args.out) / 'report.md'}")
         return 0
     if args.stage == "unpack":
         from launch.pack import unpack

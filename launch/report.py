@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 
 from launch.lease import table as lease_table
-from launch.plan import ROOT, SECTION_KINDS, Plan
+from launch.plan import ROOT, SECTION_KINDS, LaunchError, Plan
 from rundir import archive
 from rundir.files import Run, read_jsonl, steps_path
 
@@ -230,6 +230,23 @@ def compare(lx: Launch, ran_in: str | None = None) -> str:
     for run in (lx.dir(a, s) for a in (control, arm) for s in lx.seeds) if ran_in else ():
         text = text.replace(f"`{run.resolve()}`", f"`{Path(ran_in) / run.name}`")  # where a run is named
     return text
+
+
+def write_comparison(plan: Plan, where: Path, out: Path) -> Path:
+    """analysis.compare's report.md and figures of the fresh runs under `where`, the arm against the control over
+    the seeds that ran, at the last step all of them evaluated, into out/<arm>_vs_<control>/ (`make experiment`)."""
+    from analysis.compare import compare_runs
+
+    lx = Launch(plan, where)
+    control, arm = lx.arms
+    seeds = lx.tested_seeds()
+    if not seeds:
+        raise LaunchError(f"{where}: no seed pair of {plan.name} reached a step to compare")
+    runs = {a: ",".join(str(lx.dir(a, s)) for s in seeds) for a in (control, arm)}
+    step = lx.common_step(seeds)
+    folder = Path(out) / f"{arm}_vs_{control}"
+    compare_runs(runs[arm], runs[control], folder, step_a=step, step_b=step, primary=lx.set)
+    return folder
 
 
 def throughput_of(run: Path) -> dict:

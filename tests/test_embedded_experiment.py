@@ -163,3 +163,18 @@ def test_a_run_written_before_the_setup_redesign_passes_todays_resume_comparison
     resume, recorded = setup.check_resume(run, args, model_args, resolve_arm("S2"), 1, info["snapshot"], [])
     assert recorded is not None and recorded.to_json().items() >= info["launch"]["micro_batch"].items()
     assert resume.state is None and resume.event["changed"] == {}
+
+
+@pytest.mark.slow
+def test_make_experiment_writes_the_comparison_of_its_fresh_runs(tmp_path):
+    """`make experiment`'s report stage with --out: analysis.compare's report and figures of the runs it trained,
+    as trainer/experiment.py left them. On seeds6's committed runs it is the published S2_vs_S0/report.md, but for
+    the folder the runs are named in."""
+    from launch.report import write_comparison
+    from rundir import archive
+
+    seeds6 = archive.unpack(ROOT / "docs/experiment-embedded/seeds6", tmp_path / "seeds6")
+    folder = write_comparison(load(PLAN), seeds6 / "runs", tmp_path / "out")
+    assert folder == tmp_path / "out/S2_vs_S0" and (folder / "accuracy.png").is_file()
+    text = (folder / "report.md").read_text().replace(str((seeds6 / "runs").resolve()), "/tmp/emb6/runs")
+    assert text == (ROOT / "docs/experiment-embedded/seeds6/S2_vs_S0/report.md").read_text()

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # the report's section kinds (launch/report.py `section`), checked when the plan is read, not when it is reported
 SECTION_KINDS = ("primary", "secondary", "outcome_by_seed", "arm_trajectory", "peak", "decomposition", "compare",
-                 "throughput", "launch_status", "reproduction", "seed_table", "timing", "trajectory", "lease")  # fmt: skip
+                 "throughput", "launch_status", "reproduction", "seed_table", "timing", "trajectory", "lease",
+                 "finished_accuracy", "lead_split")  # fmt: skip
 
 
 class LaunchError(Exception):

@@ -10,6 +10,8 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   secondary         a secondary comparison (set, step, cap) by the seed-level test
   peak              per arm: the step of the peak mean primary accuracy and the decline from it
   decomposition     the S2 - S0 lead at the compared step split by what S0 did on each paired sample
+  lead_split        per seed, the lead from pairs where either arm ended unresolved vs where both finished
+  finished_accuracy per arm and step, correct among finished answers (what S2 can convert) and the truncated share
   compare           analysis.compare's whole report (report.md) at the last step both arms evaluated; `ran_in`:
                     where the runs were trained, the run-directory row's folder
   throughput        per run: steps/s, tokens/s, generation share, from steps.jsonl's `seconds`
@@ -334,6 +336,58 @@ def decomposition(lx: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
+def finished_accuracy(lx: Launch) -> str:
+    """Per arm and evaluation step, the mean over the tested seeds of the accuracy among finished answers on the
+    primary set: correct / (correct + wrong + format-rejected), what a policy that makes the model finish can
+    convert (issue 62), beside the truncated share."""
+    seeds = lx.tested_seeds()
+    a, b = lx.arms
+    lines = [f"| step | correct among finished {a} / {b} (%) | truncated {a} / {b} (%) |", "|---|---|---|"]
+    runs = {arm: [Run(lx.dir(arm, s)) for s in seeds] for arm in lx.arms}
+    steps = sorted(set.intersection(*(set(r.evaluated()) for rs in runs.values() for r in rs)))
+    for step in (t for t in steps if t <= lx.common_step(seeds)):
+        cells = {arm: [] for arm in lx.arms}
+        for arm, rs in runs.items():
+            scores = [r.score(step, lx.set) for r in rs]
+            finished = [x.outcomes["correct"] / max(1, x.graded - x.outcomes["truncated"]) for x in scores]
+            cells[arm] = [
+                100 * statistics.mean(finished),
+                100 * statistics.mean(x.rate("truncated") for x in scores),
+            ]
+        lines.append(
+            f"| {step} | {cells[a][0]:.1f} / {cells[b][0]:.1f} | {cells[a][1]:.1f} / {cells[b][1]:.1f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def lead_split(lx: Launch) -> str:
+    """Per tested seed, the lead on the primary set at the compared step split in two over the paired samples:
+    the part from pairs where either arm ended unresolved (truncated or format-rejected), and the part where both
+    finished (correct or wrong); each in pp of the seed's paired samples, with the sign-flip over seeds of each."""
+    from analysis.stats import sign_flip_test
+
+    seeds, (control, arm) = lx.tested_seeds(), lx.arms
+    step = lx.common_step(seeds)
+    unresolved = {"truncated", "format_rejected"}
+    parts = {"either unresolved": [], "both finished": []}
+    for s in seeds:
+        rows = {a: {(r["task_id"], r["sample"]): r["outcome"] for _, r in Run(lx.dir(a, s)).rows(step)
+                    if r["set"] == lx.set} for a in (arm, control)}  # fmt: skip
+        pairs = [(x, rows[control][k]) for k, x in rows[arm].items() if k in rows[control]]
+        lead = dict.fromkeys(parts, 0)
+        for x, y in pairs:
+            part = "either unresolved" if x in unresolved or y in unresolved else "both finished"
+            lead[part] += (x == "correct") - (y == "correct")
+        for part in parts:
+            parts[part].append(100 * lead[part] / max(1, len(pairs)))
+    lines = [f"{arm} − {control} on {lx.set} at step {step}, seeds {', '.join(map(str, seeds))}", "",
+             "| pairs where | per seed (pp) | mean (pp) | exact sign-flip p |", "|---|---|---|---|"]  # fmt: skip
+    for part, d in parts.items():
+        lines.append(f"| {part} | {', '.join(f'{x:+.1f}' for x in d)} | {statistics.mean(d):+.1f} | "
+                     f"{sign_flip_test(d).p_text()} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
 def launch_status(lx: Launch) -> str:
     lines = ["| run | steps logged | updates skipped at steps | evaluated at steps |", "|---|---|---|---|"]
     for arm in lx.arms:
@@ -464,6 +518,8 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
         "arm_trajectory": lambda: arm_trajectory(lx, fixed),
         "peak": lambda: peak(lx),
         "decomposition": lambda: decomposition(lx),
+        "finished_accuracy": lambda: finished_accuracy(lx),
+        "lead_split": lambda: lead_split(lx),
         "compare": lambda: compare(lx, **spec),
         "throughput": lambda: throughput(lx),
         "launch_status": lambda: launch_status(lx),
@@ -486,6 +542,11 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
 STANDARD = (
     {"kind": "primary"},
     {"kind": "decomposition", "heading": "Decomposition of the lead (pre-registered)"},
+    {"kind": "lead_split", "heading": "The lead where either arm was unresolved, and where both finished"},
+    {
+        "kind": "finished_accuracy",
+        "heading": "Correct among finished answers, per arm, mean over seeds {seeds}",
+    },
     {"kind": "arm_trajectory", "heading": "Per arm, mean over seeds {seeds}, every evaluation"},
     {"kind": "peak", "heading": "Peak then decline, per arm"},
     {"kind": "launch_status", "heading": "How far each run got"},

@@ -82,3 +82,19 @@ def test_the_readme_counts_of_skipped_updates_and_the_gpu_replay():
             moved.append(round(acc[1] - acc[0], 1))
     assert identical == [282, 51, 182, 15] and moved == [2.0, 2.3, -2.0, -1.3]
     assert "282 and 182 of 556 samples at step 15 and for 51 and 15 at\nstep 20" in readme
+
+
+def test_the_lead_split_and_finished_accuracy_recompute_issue_62s_outside_figures():
+    """Issue 62 quotes an outside recomputation of launch 1 at step 20: the lead from pairs where either arm was
+    unresolved +3.3, +4.0, +0.7 pp, where both finished +6.7, −5.3, −9.0 pp; S2's accuracy among finished answers
+    26.1% → 21.9% while S0's stayed at 26.1%. The launcher's sections give the same from the committed rows."""
+    from launch.plan import ROOT, load
+    from launch.report import Launch, finished_accuracy, lead_split
+
+    plan = load(ROOT / "docs/experiment-qwen/plan.yaml")
+    lx = Launch(plan, ROOT / plan.results / "launch1")
+    split = lead_split(lx)
+    assert "| either unresolved | +3.3, +4.0, +0.7 | +2.7 |" in split
+    assert "| both finished | +6.7, -5.3, -9.0 | -2.6 |" in split
+    table = finished_accuracy(lx).splitlines()
+    assert table[2].startswith("| 0 | 26.1 / 26.1 |") and table[-1].startswith("| 20 | 26.1 / 21.9 |")

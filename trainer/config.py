@@ -397,15 +397,6 @@ class CapGRPOConfig(GRPOConfig):
             raise ConfigError(f"grader: must be one of {sorted(GRADER_VERSIONS)}, got {self.grader!r}")
 
 
-def extra_evals(args) -> dict[int, list[str]]:
-    """`extra_evals` as {cap: [set names]}, in the order given."""
-    out: dict[int, list[str]] = {}
-    for entry in args.extra_evals:
-        name, cap = entry.rsplit("@", 1)
-        out.setdefault(int(cap), []).append(name)
-    return out
-
-
 def set_checkpointing(args, value: bool | None) -> None:
     """transformers >= 5.2x renamed gradient_checkpointing to activation_checkpointing (the old name kept, mirrored
     at __post_init__); the GPU machine's 5.17 has only the old one."""

@@ -37,7 +37,6 @@ from trainer.checkpoint import CheckpointCallback, Resume, load_resume_state
 from trainer.config import (
     CapGRPOConfig,
     ConfigError,
-    extra_evals,
     grader_limits,
     resume_changes,
     set_checkpointing,
@@ -68,6 +67,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     callbacks = resolve_callbacks(args.callbacks)
     early = [c.build() for c in callbacks if not c.needs_trainer]  # a failing constructor: before the model
     tasks = run_tasks(args)
+    extra = extra_eval_tasks(args, tasks)  # {cap: {set: tasks}} at extra_eval_steps
     resume = recorded = None
     if args.resume:
         resume, recorded = check_resume(run_dir, args, model_args, arm, world, tasks.snapshot, callbacks)
@@ -82,7 +82,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
     problems = [t["problem"] for t in tasks.tasks.values()]
     caps = {"max_completion_length": args.max_completion_length, "eval_cap": args.eval_cap,
-            "extra_evals": max(extra_evals(args), default=None)}  # fmt: skip
+            "extra_evals": max(extra, default=None)}  # fmt: skip
     problems += [t["problem"] for extra in tasks.extra_sets.values() for t in extra]
     refuse_past_positions(
         model.config,
@@ -120,7 +120,7 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
         record_new_run(run_dir, trainer, model_args, arch, tasks, spec, callbacks)
     elif args.process_index == 0:
         record_resume_start(run_dir, resume)
-    eval_cb = evaluation_callback(trainer, tasks, spec, grader)
+    eval_cb = evaluation_callback(trainer, tasks, spec, grader, extra)
     add_run_callbacks(trainer, run_dir, Path(model_args.model_name_or_path), eval_cb, resume)
     return trainer
 
@@ -358,7 +358,7 @@ def record_resume_start(run_dir: Path, resume: Resume) -> None:
     rewind(run_dir, after=resume.meta["step"])
 
 
-def evaluation_callback(trainer, tasks: RunTasks, spec: EvalSpec, grader) -> EvalCallback | None:
+def evaluation_callback(trainer, tasks: RunTasks, spec: EvalSpec, grader, extra: dict) -> EvalCallback | None:
     args = trainer.args
     if args.eval_every <= 0:
         return None
@@ -373,7 +373,7 @@ def evaluation_callback(trainer, tasks: RunTasks, spec: EvalSpec, grader) -> Eva
         llm_fn=trainer.synced_vllm_engine if spec.generation == "vllm" else None,
         eval_steps=args.eval_at_steps,
         step0_rows=args.step0_eval_from,
-        extra=extra_eval_tasks(args, tasks),
+        extra=extra,
         extra_steps=args.extra_eval_steps,
     )
 
@@ -386,9 +386,13 @@ def recorded_extra_evals(args, tasks: RunTasks) -> dict | None:
 
 
 def extra_eval_tasks(args, tasks: RunTasks) -> dict[int, dict[str, list[dict]]]:
-    """extra_evals as {cap: {set: tasks}}: the run's own sets or eval_set_files' (every problem)."""
-    by_name = {**tasks.eval_tasks(), **tasks.extra_sets}
-    return {cap: {name: by_name[name] for name in names} for cap, names in extra_evals(args).items()}
+    """extra_evals (SET@CAP, checked by the config) as {cap: {set: tasks}}: the run's own sets or eval_set_files'
+    (every problem)."""
+    by_name, out = {**tasks.eval_tasks(), **tasks.extra_sets}, {}
+    for entry in args.extra_evals:
+        name, cap = entry.rsplit("@", 1)
+        out.setdefault(int(cap), {})[name] = by_name[name]
+    return out
 
 
 def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resume | None) -> None:

@@ -28,6 +28,12 @@ class RunTasks:
         }
 
 
+def eval_set_file(path) -> list[dict]:
+    """An evaluation set's file (eval_set_files): a *.tasks.json snapshot or MATH-format JSONL, every task, by id."""
+    rows = load_snapshot(path) if str(path).endswith(".tasks.json") else read_math_jsonl(path)
+    return sorted((dict(r) for r in rows), key=lambda t: t["id"])
+
+
 def run_tasks(args) -> RunTasks:
     """From a config's snapshot_path, snapshot_sha256, eval_set_seed, heldout_size, fixed_size, heldout_subject,
     task_seed and eval_set_files."""
@@ -45,8 +51,7 @@ def run_tasks(args) -> RunTasks:
     sampler = TaskSampler(list(eval_sets.train_pool), seed=args.task_seed)
     extra_sets, extra_files = {}, {}
     for name, path in sorted((args.eval_set_files or {}).items()):
-        rows = load_snapshot(path) if str(path).endswith(".tasks.json") else read_math_jsonl(path)
-        extra_sets[name] = sorted((dict(r) for r in rows), key=lambda t: t["id"])
+        extra_sets[name] = eval_set_file(path)
         extra_files[name] = {
             "path": str(path),
             "sha256": snapshot_sha256(path),

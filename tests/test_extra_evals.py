@@ -135,3 +135,10 @@ def test_a_run_evaluates_a_file_set_and_another_cap_and_records_them(tmp_path):
         )
 
     assert at(r.rows(2)) == at(longer) and Path(run / "results/eval_step002_cap0048.jsonl").is_file()
+    # `make eval` on the saved last step writes what training wrote there, extra sets and caps included
+    from trainer import eval_checkpoints
+
+    before = {p.name: p.read_bytes() for p in (run / "results").glob("eval_step002*.jsonl")}
+    for cap in ([], ["--cap", "48"]):
+        assert eval_checkpoints.main([str(run), "--steps", "2", "--device", "cpu", *cap]) == 0
+    assert {p.name: p.read_bytes() for p in (run / "results").glob("eval_step002*.jsonl")} == before

@@ -26,7 +26,8 @@ import transformers  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from data.atomic import refused_write  # noqa: E402
-from data.snapshot import load_snapshot  # noqa: E402
+from data.run_tasks import eval_set_file  # noqa: E402
+from data.snapshot import load_snapshot, snapshot_sha256  # noqa: E402
 from engine.chunked_gated_delta import torch_on_cpu  # noqa: E402
 from engine.generation import BACKENDS  # noqa: E402
 from rewards.grader import GraderPool  # noqa: E402
@@ -100,6 +101,28 @@ def load_eval_tasks(run: Mapping, run_dir: Path) -> dict[str, list[dict]]:
         sets[set_name] = [tasks[i] for i in ids]
     if not sets:
         raise ValueError(f"{run_dir / 'run.json'}: no 'eval_sets'")
+    return sets
+
+
+def sets_at(run: Mapping, run_dir: Path, tasks_by_set: dict, step: int, cap: int) -> dict[str, list[dict]]:
+    """The sets training evaluated at (step, cap), so `make eval` writes the rows training wrote there: run.json's
+    eval_sets, plus at extra_eval_steps the extra_evals at this cap (alone, at a cap other than the run's);
+    elsewhere run.json's eval_sets. A file set is read from its recorded path, sha256 verified."""
+    extra = run.get("extra_evals") or {}
+    names = [e.rsplit("@", 1)[0] for e in extra.get("evals", []) if int(e.rsplit("@", 1)[1]) == cap]
+    if step not in extra.get("steps", []) or not names:
+        return tasks_by_set
+    sets = dict(tasks_by_set) if cap == run["eval"]["cap"] else {}
+    for name in names:
+        if name in tasks_by_set:
+            sets[name] = tasks_by_set[name]
+            continue
+        recorded = extra["sets"][name]
+        if snapshot_sha256(recorded["path"]) != recorded["sha256"]:
+            raise ValueError(
+                f"{recorded['path']}: not the file run.json's extra_evals.sets.{name} recorded (sha256)"
+            )
+        sets[name] = eval_set_file(recorded["path"])
     return sets
 
 
@@ -183,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         for step in steps:
             start = time.perf_counter()
             path = _checkpoint_dir(run, args.run_dir, step)
+            sets = sets_at(run, args.run_dir, tasks_by_set, step, spec.cap)
             if use_vllm:
                 from vllm import LLM
 
@@ -193,10 +217,10 @@ def main(argv: list[str] | None = None) -> int:
                     eos = eos_token_ids(tokenizer, _generation_config(model_dir))
             else:
                 (model, tokenizer), llm, eos = load_checkpoint(path, args.device), None, None
-                problems = [t["problem"] for tasks in tasks_by_set.values() for t in tasks]
+                problems = [t["problem"] for tasks in sets.values() for t in tasks]
                 caps = {"--cap": spec.cap}  # vLLM refuses a cap past the model's length itself
                 refuse_past_positions(model.config, tokenizer, problems, spec.system_prompt, caps, path)
-            rows = run_eval(model, tokenizer, tasks_by_set, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
+            rows = run_eval(model, tokenizer, sets, spec, step, llm=llm, eos=eos, grade_fn=grade_fn)
             cap_suffix = spec.cap if spec.cap != run_spec.cap else None
             out = write_eval(args.run_dir, step, rows, cap_suffix)
             summary = ", ".join(f"{s} {v['accuracy']} (n={v['n']})" for s, v in summarize(rows).items())

@@ -121,3 +121,12 @@ def heldout_pool_of(tasks: Iterable[Mapping], subject: str) -> list[str] | None:
     if not ids:
         raise ValueError(f"eval sets: heldout_subject {subject!r}: no task of the snapshot has that subject")
     return ids
+
+
+def extra_evals_by_cap(entries) -> dict[int, list[str]]:
+    """A config's `extra_evals` (SET@CAP strings, checked when the config is built) as {cap: [set names]}."""
+    by_cap: dict[int, list[str]] = {}
+    for entry in entries:
+        name, _, cap = str(entry).rpartition("@")
+        by_cap.setdefault(int(cap), []).append(name)
+    return by_cap

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers.utils import logging
 
+from data.eval_sets import extra_evals_by_cap
 from data.prompt import render_prompt
 from engine.chunked_gated_delta import FLA
 from engine.generation import PROMPT_MULTIPLE
@@ -119,7 +120,7 @@ def kept_caches_bytes(args, backends, text_config, max_prompt_tokens: int, dtype
     rows = args.generation_rows or args.problems_per_round * args.num_generations
     lengths = {rows: width(args.prompt_multiple) + args.max_completion_length}
     if backends.eval_generation == "compiled" and args.eval_every > 0:
-        extra = [int(entry.rsplit("@", 1)[1]) for entry in getattr(args, "extra_evals", ())]  # SET@CAP
+        extra = extra_evals_by_cap(getattr(args, "extra_evals", ()))  # the longest cap evaluated
         evaluation = width(PROMPT_MULTIPLE) + max([args.eval_cap or args.max_completion_length, *extra])
         lengths[args.eval_batch_size] = max(lengths.get(args.eval_batch_size, 0), evaluation)
     return sum(kept_cache_bytes(text_config, n, length, dtype_bytes) for n, length in lengths.items())

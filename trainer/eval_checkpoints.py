@@ -26,6 +26,7 @@ import transformers  # noqa: E402
 from transformers import GenerationConfig  # noqa: E402
 
 from data.atomic import refused_write  # noqa: E402
+from data.eval_sets import extra_evals_by_cap  # noqa: E402
 from data.run_tasks import eval_set_file  # noqa: E402
 from data.snapshot import load_snapshot, snapshot_sha256  # noqa: E402
 from engine.chunked_gated_delta import torch_on_cpu  # noqa: E402
@@ -109,7 +110,7 @@ def sets_at(run: Mapping, run_dir: Path, tasks_by_set: dict, step: int, cap: int
     eval_sets, plus at extra_eval_steps the extra_evals at this cap (alone, at a cap other than the run's);
     elsewhere run.json's eval_sets. A file set is read from its recorded path, sha256 verified."""
     extra = run.get("extra_evals") or {}
-    names = [e.rsplit("@", 1)[0] for e in extra.get("evals", []) if int(e.rsplit("@", 1)[1]) == cap]
+    names = extra_evals_by_cap(extra.get("evals", [])).get(cap, [])
     if step not in extra.get("steps", []) or not names:
         return tasks_by_set
     sets = dict(tasks_by_set) if cap == run["eval"]["cap"] else {}

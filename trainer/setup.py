@@ -23,6 +23,7 @@ from transformers import AutoConfig, AutoTokenizer
 from transformers.utils import logging
 from trl import ModelConfig, get_peft_config
 
+from data.eval_sets import extra_evals_by_cap
 from data.run_tasks import RunTasks, run_tasks
 from engine.chunked_gated_delta import torch_on_cpu
 from engine.micro_batch import MicroBatch, longest_prompt, size_micro_batch
@@ -388,11 +389,10 @@ def recorded_extra_evals(args, tasks: RunTasks) -> dict | None:
 def extra_eval_tasks(args, tasks: RunTasks) -> dict[int, dict[str, list[dict]]]:
     """extra_evals (SET@CAP, checked by the config) as {cap: {set: tasks}}: the run's own sets or eval_set_files'
     (every problem)."""
-    by_name, out = {**tasks.eval_tasks(), **tasks.extra_sets}, {}
-    for entry in args.extra_evals:
-        name, cap = entry.rsplit("@", 1)
-        out.setdefault(int(cap), {})[name] = by_name[name]
-    return out
+    by_name = {**tasks.eval_tasks(), **tasks.extra_sets}
+    return {
+        cap: {n: by_name[n] for n in names} for cap, names in extra_evals_by_cap(args.extra_evals).items()
+    }
 
 
 def add_run_callbacks(trainer, run_dir: Path, base: Path, eval_cb, resume: Resume | None) -> None:

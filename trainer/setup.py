@@ -81,23 +81,18 @@ def build_trainer(args: CapGRPOConfig, model_args: ModelConfig, extra_callbacks=
     backends = decide_backends(args, world, torch.cuda.is_available())
     model, arch = load_base_model(model_args.model_name_or_path, model_args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path, padding_side="left")
-    problems = [t["problem"] for t in tasks.tasks.values()]
+    evaluated = [t["problem"] for t in tasks.tasks.values()] + [
+        t["problem"] for file_set in tasks.extra_sets.values() for t in file_set
+    ]
     caps = {"max_completion_length": args.max_completion_length, "eval_cap": args.eval_cap,
             "extra_evals": max(extra, default=None)}  # fmt: skip
-    problems += [t["problem"] for extra in tasks.extra_sets.values() for t in extra]
-    refuse_past_positions(
-        model.config,
-        tokenizer,
-        problems,
-        args.system_prompt,
-        caps,
-        model_args.model_name_or_path,
-        ConfigError,
-    )
+    where = model_args.model_name_or_path
+    refuse_past_positions(model.config, tokenizer, evaluated, args.system_prompt, caps, where, ConfigError)
     if recorded is not None:
         micro_batch = recorded  # a resume trains in the run's own micro-batches
-    else:
-        longest = longest_prompt(tokenizer, problems, args.system_prompt)
+    else:  # sized for the longest rollout a step can hold: the training pool's longest prompt + the cap
+        trained = [t["problem"] for t in tasks.training_pool().values()]
+        longest = longest_prompt(tokenizer, trained, args.system_prompt)
         micro_batch = size_micro_batch(args, model, longest, backends)
     grader = grader_pool(args)
     run = RunSetup(arm, backends, micro_batch)
@@ -184,12 +179,7 @@ def settled(args: CapGRPOConfig, arm: Arm, world: int) -> CapGRPOConfig:
         warnings.warn("use_vllm is set but vLLM is not installed: generating with transformers", stacklevel=2)
         run.use_vllm = False
     rollouts = run.groups_per_step * run.num_generations
-    rows = run.per_device_train_batch_size or rollouts // world
-    if rollouts % (world * rows):
-        raise ConfigError(
-            f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
-            f"process(es) × per_device_train_batch_size={rows}"
-        )
+    steps_of(rollouts, world, run.per_device_train_batch_size or rollouts // world)  # given rows: checked now
     if run.problems_per_round % world:
         raise ConfigError(
             f"problems_per_round={run.problems_per_round} must be divisible by {world} processes"
@@ -202,17 +192,22 @@ def batch_arithmetic(args: CapGRPOConfig, micro_batch: MicroBatch, world: int) -
     the accumulation steps and checkpointing decided (as GRPOConfig would derive them from given values)."""
     trainer_args = copy.copy(args)
     rollouts = args.groups_per_step * args.num_generations
-    if rollouts % (world * micro_batch.rows):
-        raise ConfigError(
-            f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
-            f"process(es) × per_device_train_batch_size={micro_batch.rows}"
-        )
     trainer_args.per_device_train_batch_size = micro_batch.rows
-    trainer_args.gradient_accumulation_steps = rollouts // (world * micro_batch.rows)
+    trainer_args.gradient_accumulation_steps = steps_of(rollouts, world, micro_batch.rows)
     trainer_args.steps_per_generation = trainer_args.gradient_accumulation_steps
     trainer_args.generation_batch_size = rollouts
     set_checkpointing(trainer_args, micro_batch.checkpointing)
     return trainer_args
+
+
+def steps_of(rollouts: int, world: int, rows: int) -> int:
+    """Gradient-accumulation steps of a step's rollouts over `world` processes in micro-batches of `rows`."""
+    if rollouts % (world * rows):
+        raise ConfigError(
+            f"groups_per_step × num_generations = {rollouts} rollouts must split evenly over {world} "
+            f"process(es) × per_device_train_batch_size={rows}"
+        )
+    return rollouts // (world * rows)
 
 
 def check_inputs(args: CapGRPOConfig, model_args: ModelConfig) -> None:

@@ -37,6 +37,12 @@ def _value(key: str, value, where: str, from_text: bool):
     if action is None:
         raise PlanError(f"{where}: unknown field {key!r} (not a field of CapGRPOConfig or trl.ModelConfig)")
     many = action.nargs in ("+", "*")
+    if isinstance(value, dict) and not many and action.type is str:  # a mapping field (arms, eval_set_files)
+        if not all(
+            isinstance(k, str) and isinstance(v, (str, int, float, bool, dict)) for k, v in value.items()
+        ):
+            raise PlanError(f"{where}.{key}: {value!r} is not a mapping the trainer reads as JSON")
+        return value
     if from_text and many:
         value = [value]
     items = value if isinstance(value, list) else [value]
@@ -84,7 +90,10 @@ def plan_settings(args, where: str) -> dict:
 
 def render(value) -> list[str]:
     """A setting's value on the trainer's command line: bools as true/false (HfArgumentParser's string_to_bool),
-    a list as its items after the flag (its nargs="+" fields: eval_at_steps, checkpoint_steps)."""
+    a list as its items after the flag (its nargs="+" fields: eval_at_steps, checkpoint_steps), a mapping as JSON
+    (the config parses arms and eval_set_files from it)."""
+    if isinstance(value, dict):
+        return [json.dumps(value, sort_keys=True)]
     if isinstance(value, bool):
         return ["true" if value else "false"]
     if isinstance(value, list):

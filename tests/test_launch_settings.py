@@ -145,9 +145,11 @@ def test_typed_settings_parse_as_the_trainer_parses_them():
      ({"gpu": {"max_steps": None}}, "run_args.gpu.max_steps: None is not a command-line value"),
      ({"smoke": ["--max_steps", "1", "--max_steps", "2"]}, "run_args.smoke: --max_steps appears twice"),
      ({"smoke": ["max_steps", "1"]}, "run_args.smoke: an argument list is --flag value pairs"),
-     ({"cpu": {}}, "run_args: unknown field 'cpu'")],
+     ({"cpu": {}}, "run_args: unknown field 'cpu'"),
+     ({"gpu": {"max_steps": {"a": 1}}}, "run_args.gpu.max_steps: {'a': 1} is not a command-line value"),
+     ({"gpu": {"eval_set_files": {"m": None}}}, "run_args.gpu.eval_set_files: {'m': None} is not a mapping")],
     ids=["unknown", "unknown-listed", "str-for-int", "float-for-int", "bool", "quoted-bool", "not-a-list", "a-list", "choices",
-         "null", "twice", "not-a-flag", "mode"],
+         "null", "twice", "not-a-flag", "mode", "mapping-for-int", "mapping-of-null"],
 )  # fmt: skip
 def test_a_run_arg_the_trainer_would_refuse_is_refused_when_the_plan_loads(run_args, says, tmp_path):
     raw = yaml.safe_load((ROOT / "docs/experiment-real/plan.yaml").read_text())

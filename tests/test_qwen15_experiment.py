@@ -42,3 +42,29 @@ def test_the_readme_compares_the_cells_with_the_05bs_as_the_launcher_prints_them
     assert table in (DOCS / "README.md").read_text()
     assert "| 0.7 | 320 | **33.0% / 15.9% / 23.8% / 34%** |" in table  # the 0.5B's chosen cell
     assert "**20.8% / 38.2% / 48.2% / 59%** |" in table  # the 1.5B's: twice as often right when it finishes
+
+
+def test_the_second_throughput_trial_starts_its_runs_as_the_experiment_would(tmp_path, monkeypatch):
+    """plan-throughput2.yaml (issue 60's 1.5B lease figure): three runs sharing the GPU, each sized for 0.3 of it,
+    with the experiment's extra evaluations; the trainer reads its command line back into those fields (a mapping
+    field as JSON)."""
+    from launch.plan import ROOT, load
+    from launch.settings import argv, run_settings
+    from trainer.train import parse
+
+    math500 = tmp_path / "math500.jsonl"
+    math500.write_text('{"problem": "1+1?", "answer": "2"}\n')
+    plan = load(ROOT / "docs/experiment-qwen15/plan-throughput2.yaml")
+    assert plan.budget["gpu_memory_share"] == 0.3 and plan.budget["parallel"] == 3 and plan.budget["mps"]
+    assert not set(plan.seeds) & set(
+        load(ROOT / "docs/experiment-qwen15/plan.yaml").seeds
+    )  # never the experiment's
+    settings = run_settings(plan, {}, tmp_path / "qwen15-S2-s904", "S2", 904, smoke=False, parallel=3)
+    assert settings["gpu_memory_share"] == 0.3 and settings["eval_at_steps"] == [0, 10]
+    cmd = argv(settings)
+    assert cmd[cmd.index("--eval_set_files") + 1] == '{"math500": "artifacts/real/math500.jsonl"}'
+    cmd[cmd.index("--eval_set_files") + 1] = json.dumps({"math500": str(math500)})  # where this test has one
+    monkeypatch.chdir(tmp_path)
+    args, _ = parse([*cmd[3:], "--use_cpu", "true"])  # the GPU recipe parsed on this CPU machine
+    assert args.eval_set_files == {"math500": str(math500)} and args.extra_eval_steps == [0, 10]
+    assert args.extra_evals == ["math500@384", "math500@1024", "heldout300@1152"] and args.deterministic

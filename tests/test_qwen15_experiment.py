@@ -59,7 +59,7 @@ def test_the_second_throughput_trial_starts_its_runs_as_the_experiment_would(tmp
     assert not set(plan.seeds) & set(
         load(ROOT / "docs/experiment-qwen15/plan.yaml").seeds
     )  # never the experiment's
-    settings = run_settings(plan, {}, tmp_path / "qwen15-S2-s904", "S2", 904, smoke=False, parallel=3)
+    settings = run_settings(plan, {}, tmp_path / "qwen15-S2-s910", "S2", 910, smoke=False, parallel=3)
     assert settings["gpu_memory_share"] == 0.3 and settings["eval_at_steps"] == [0, 10]
     cmd = argv(settings)
     assert cmd[cmd.index("--eval_set_files") + 1] == '{"math500": "artifacts/real/math500.jsonl"}'

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The next H200 lease for issues 60 and 62, prepared 2026-12-04 (eighth session, no device lent): not run yet.
+# One part per device call, from the repository root, back to back (the machine keeps /tmp ~30 s after a call).
+# Here, before the lease (the tree's size sets each call's share, so split after the last commit):
+#   make real-base MODEL=qwen2.5-coder-1.5b     # artifacts/qwen2.5-coder-1.5b.gguf and artifacts/real/gsm_symbolic.tasks.json
+#   cp ../shared/data/math500.jsonl artifacts/real/   # sha256 ccdf8777...16f2fe (ignored path: not committed)
+#   .whl/: trl datasets dill multiprocess evaluate math-verify latex2sympy2_extended antlr4-python3-runtime gguf at the
+#     lock's versions (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl)
+#   python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
+#     artifacts/real/math500.jsonl .whl/*.whl --name q15        # ~26 calls
+# Calls: `receive K` for every q15 call but the last; `start LAST` (join, install, the trial detached: three 1.5B
+# runs under MPS, each sized for 0.3 of the GPU, plan-throughput2.yaml); `watch` until it ends; `pack`; then `alone`
+# (seed 910 of both arms, one run at a time, no MPS neighbours) and `compare` (issue 60's bitwise check of a run
+# under the chosen setup against the same run alone, with deterministic: true); `pack` again for the alone runs.
+# Lease figure afterwards, here: unpack, then `make launch PLAN=docs/experiment-qwen15/plan-throughput2.yaml
+# STAGE=report` with a `lease` section, and into docs/PERFORMANCE.md and PLAN.md's seed count.
+# Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
+set -uo pipefail
+export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export CAPGRPO_COMMIT=${CAPGRPO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
+PLAN=docs/experiment-qwen15/plan-throughput2.yaml W=/tmp/q15w A=/tmp/q15a
+left() { echo $((570 - SECONDS)); }
+case ${1:-} in
+receive)  # receive K
+  python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) ;;
+start)  # start LAST: the last part, join, install, the trial detached
+  python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
+  python3 -m pip install -q --no-index --no-deps /tmp/c15/*.whl > $OUT/wheels.log 2>&1 || { cat $OUT/wheels.log; exit 1; }
+  mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --detach
+  sleep 30; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
+watch)  # watch [S]
+  python3 -m launch $PLAN watch --work ${3:-$W} --for-s ${2:-$(left)}
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+pack)  # pack [WORK]
+  python3 -m launch $PLAN pack --work ${2:-$W} --out $OUT ;;
+alone)  # seed 910 of both arms again, one run at a time, the converted base and step-0 sharing as in the trial
+  python3 -m launch $PLAN train --work $A --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds 910 --parallel 1 \
+    --budget-s $(left) > $OUT/alone.log 2>&1; tail -5 $OUT/alone.log ;;
+compare)  # issue 60's exactness check: the same run under the chosen setup and alone, bitwise
+  for arm in S0 S2; do
+    python3 -m bench.resume_check --compare $W/runs/qwen15-$arm-s910 $A/runs/qwen15-$arm-s910 --report $OUT/compare-$arm.json
+  done ;;
+*) echo "unknown part ${1:-}"; exit 2 ;;
+esac

@@ -98,15 +98,23 @@ class Launch:
         return max(set.intersection(*evaluated))
 
 
-def comparison_block(lx: Launch, seeds: tuple, title: str) -> str:
+def compared(lx: Launch, seeds: tuple, out) -> tuple:
+    """analysis.compare of the arm's runs of `seeds` against the control's at the last step all of them evaluated,
+    its report and figures written into `out`: (the Comparison, that step)."""
     from analysis.compare import compare_runs
+
+    control, arm = lx.arms
+    step = lx.common_step(seeds)
+    runs = {a: ",".join(str(lx.dir(a, s)) for s in seeds) for a in (control, arm)}
+    return compare_runs(runs[arm], runs[control], out, step_a=step, step_b=step, primary=lx.set), step
+
+
+def comparison_block(lx: Launch, seeds: tuple, title: str) -> str:
     from analysis.report import headline, seed_headline
 
-    step = lx.common_step(seeds)
-    control, arm = lx.arms[0], lx.arms[1]
-    runs = {a: ",".join(str(lx.dir(a, s)) for s in seeds) for a in (control, arm)}
+    control, arm = lx.arms
     with tempfile.TemporaryDirectory() as tmp:
-        c = compare_runs(runs[arm], runs[control], tmp, step_a=step, step_b=step, primary=lx.set)
+        c, step = compared(lx, seeds, tmp)
     deviation = "" if step == lx.plan.primary["step"] else ", PLAN.md's deviation step"
     return (
         f"### {title}: {arm} − {control}, {lx.set}, step {step}{deviation}, seeds {', '.join(map(str, seeds))}\n\n"
@@ -221,13 +229,9 @@ def compare(lx: Launch, ran_in: str | None = None) -> str:
     """analysis.compare's whole report of the arm against the control at the last step both evaluated; `ran_in`:
     the folder the runs were trained in, which the run-directory row then names (as the report written there did)
     wherever it names a run, instead of the folder the committed rows are read from."""
-    from analysis.compare import compare_runs
-
     control, arm = lx.arms
-    step = lx.common_step()
-    runs = {a: ",".join(str(lx.dir(a, s)) for s in lx.seeds) for a in (control, arm)}
     with tempfile.TemporaryDirectory() as tmp:
-        compare_runs(runs[arm], runs[control], tmp, step_a=step, step_b=step, primary=lx.set)
+        compared(lx, lx.seeds, tmp)
         text = (Path(tmp) / "report.md").read_text()
     for run in (lx.dir(a, s) for a in (control, arm) for s in lx.seeds) if ran_in else ():
         text = text.replace(f"`{run.resolve()}`", f"`{Path(ran_in) / run.name}`")  # where a run is named
@@ -237,17 +241,12 @@ def compare(lx: Launch, ran_in: str | None = None) -> str:
 def write_comparison(plan: Plan, where: Path, out: Path) -> Path:
     """analysis.compare's report.md and figures of the fresh runs under `where`, the arm against the control over
     the seeds that ran, at the last step all of them evaluated, into out/<arm>_vs_<control>/ (`make experiment`)."""
-    from analysis.compare import compare_runs
-
     lx = Launch(plan, where)
     control, arm = lx.arms
-    seeds = lx.tested_seeds()
-    if not seeds:
+    if not (seeds := lx.tested_seeds()):
         raise LaunchError(f"{where}: no seed pair of {plan.name} reached a step to compare")
-    runs = {a: ",".join(str(lx.dir(a, s)) for s in seeds) for a in (control, arm)}
-    step = lx.common_step(seeds)
     folder = Path(out) / f"{arm}_vs_{control}"
-    compare_runs(runs[arm], runs[control], folder, step_a=step, step_b=step, primary=lx.set)
+    compared(lx, seeds, folder)
     return folder
 
 
@@ -307,6 +306,15 @@ def throughput(lx: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_outcomes(lx: Launch, seed: int, step: int) -> list[tuple[str, str]]:
+    """(arm's outcome, control's outcome) of every primary-set sample both runs of `seed` evaluated at `step`
+    (the same problem and sample index), in the arm's row order."""
+    control, arm = lx.arms
+    rows = {a: {(r["task_id"], r["sample"]): r["outcome"] for _, r in Run(lx.dir(a, seed)).rows(step)
+                if r["set"] == lx.set} for a in (arm, control)}  # fmt: skip
+    return [(x, rows[control][k]) for k, x in rows[arm].items() if k in rows[control]]
+
+
 def decomposition(lx: Launch) -> str:
     """The pre-registered split of the lead at the compared step: over the tested seeds' paired samples (the
     same problem and sample index in both arms of a seed), how many S2-correct/S0-not pairs come from S0
@@ -317,12 +325,7 @@ def decomposition(lx: Launch) -> str:
     causes = ("truncated", "format_rejected", "wrong")
     gain, loss, n = dict.fromkeys(causes, 0), dict.fromkeys(causes, 0), 0
     for s in seeds:
-        rows = {a: {(r["task_id"], r["sample"]): r["outcome"] for _, r in Run(lx.dir(a, s)).rows(step)
-                    if r["set"] == lx.set} for a in (arm, control)}  # fmt: skip
-        for key, x in rows[arm].items():
-            y = rows[control].get(key)
-            if y is None:
-                continue
+        for x, y in paired_outcomes(lx, s, step):
             n += 1
             if x == "correct" and y in gain:
                 gain[y] += 1
@@ -349,9 +352,8 @@ def finished_accuracy(lx: Launch) -> str:
         cells = {arm: [] for arm in lx.arms}
         for arm, rs in runs.items():
             scores = [r.score(step, lx.set) for r in rs]
-            finished = [x.outcomes["correct"] / max(1, x.graded - x.outcomes["truncated"]) for x in scores]
             cells[arm] = [
-                100 * statistics.mean(finished),
+                100 * statistics.mean(x.finished_accuracy for x in scores),
                 100 * statistics.mean(x.rate("truncated") for x in scores),
             ]
         lines.append(
@@ -371,9 +373,7 @@ def lead_split(lx: Launch) -> str:
     unresolved = {"truncated", "format_rejected"}
     parts = {"either unresolved": [], "both finished": []}
     for s in seeds:
-        rows = {a: {(r["task_id"], r["sample"]): r["outcome"] for _, r in Run(lx.dir(a, s)).rows(step)
-                    if r["set"] == lx.set} for a in (arm, control)}  # fmt: skip
-        pairs = [(x, rows[control][k]) for k, x in rows[arm].items() if k in rows[control]]
+        pairs = paired_outcomes(lx, s, step)
         lead = dict.fromkeys(parts, 0)
         for x, y in pairs:
             part = "either unresolved" if x in unresolved or y in unresolved else "both finished"

@@ -183,6 +183,13 @@ class SetScore:
         return self.rate(Outcome.CORRECT)
 
     @property
+    def finished_accuracy(self) -> float:
+        """Correct among the answers that ended within the cap (correct, wrong, format-rejected): what a policy
+        that makes the model finish can convert (issue 62); NaN when none ended."""
+        finished = self.graded - self.outcomes[Outcome.TRUNCATED]
+        return self.outcomes[Outcome.CORRECT] / finished if finished else math.nan
+
+    @property
     def samples(self) -> int:
         return self.n // max(self.problems, 1)
 

@@ -28,12 +28,19 @@ def test_the_readme_report_is_what_the_report_command_prints():
     assert block == report(PLAN)
 
 
-def test_the_base_report_recomputes_and_only_amendment_1_makes_a_cell_eligible():
-    committed = json.loads((DOCS / "base/base_report.json").read_text())
+def recomputed_base_report(docs: Path) -> dict:
+    """A base stage's committed base_report.json, every cell's every cap checked against its rows (128 problems
+    × 8 samples, from base/rows.tar.xz)."""
+    committed = json.loads((docs / "base/base_report.json").read_text())
     for cell in committed["cells"]:
         name = f"base_rows_{cell_tasks(cell)}_{cell['model']}_{cell['prompt']}_T{cell['temperature']}.jsonl"
-        rows = read_jsonl(DOCS / "base" / name)  # from base/rows.tar.xz
+        rows = read_jsonl(docs / "base" / name)
         assert len(rows) == 128 * 8 and [at_cap(rows, k["cap"]) for k in cell["caps"]] == cell["caps"]
+    return committed
+
+
+def test_the_base_report_recomputes_and_only_amendment_1_makes_a_cell_eligible():
+    committed = recomputed_base_report(DOCS)
     chosen = choose(committed["cells"], PLAN.base_report.rule)
     assert {k: v for k, v in chosen.items() if k != "at_choice"} | {"snapshot_sha256": committed["choice"]["snapshot_sha256"]} == {
         k: v for k, v in committed["choice"].items() if k != "at_choice"}  # fmt: skip

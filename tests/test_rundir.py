@@ -176,23 +176,30 @@ def test_the_lock_leaves_nothing_behind_and_refuses_a_second_holder(tmp_path):
     assert not run.exists()  # the lock made the directory, and it stayed empty
 
 
-def test_a_refusal_names_a_holder_that_has_not_written_its_pid_yet(tmp_path):
-    """Issue 49, lock race: the loser read the lock file between the winner's flock and its pid write ("pid ?")."""
+def refused_while_the_holder_writes(run: Path, line: bytes) -> str:
+    """A second RunLock on `run` while a holder has flocked its lock file and writes `line` 0.2 s later (a holder
+    between its flock and its pid write): the refusal's message."""
     import fcntl
     import threading
 
-    run = tmp_path / "S2"
-    run.mkdir()
     fd = os.open(run / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a holder between its flock and its write
-    writer = threading.Timer(0.2, lambda: os.pwrite(fd, b"4242 host:token\n", 0))
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    writer = threading.Timer(0.2, lambda: os.pwrite(fd, line, 0))
     writer.start()
     try:
-        with pytest.raises(RunLockedError, match=r"pid 4242, holding"):
+        with pytest.raises(RunLockedError) as refused:
             RunLock(run).acquire()
     finally:
         writer.join()
         os.close(fd)
+    return str(refused.value)
+
+
+def test_a_refusal_names_a_holder_that_has_not_written_its_pid_yet(tmp_path):
+    """Issue 49, lock race: the loser read the lock file between the winner's flock and its pid write ("pid ?")."""
+    run = tmp_path / "S2"
+    run.mkdir()
+    assert re.search(r"pid 4242, holding", refused_while_the_holder_writes(run, b"4242 host:token\n"))
 
 
 def _race(run: str, barrier, results) -> None:
@@ -234,24 +241,15 @@ def _dead_pid() -> int:
 def test_a_refusal_names_the_live_winner_not_the_dead_pid_it_took_over_from(tmp_path):
     """Issue 61, class 7: a killed run's .lock holds a dead pid; the resume that won the flock has not written
     its own yet when the loser reads the file. The loser must name the winner, not the dead pid."""
-    import fcntl
     import socket
-    import threading
 
     dead, run = _dead_pid(), tmp_path / "S2"
     run.mkdir()
     (run / LOCK_FILE).write_text(f"{dead} {socket.gethostname()}:0123abcd\n")  # what a SIGKILL leaves
-    fd = os.open(run / LOCK_FILE, os.O_RDWR)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the winner, between its flock and its write
-    line = f"{os.getpid()} {socket.gethostname()}:4567ef01\n".encode()
-    writer = threading.Timer(0.2, lambda: os.pwrite(fd, line.ljust(len(str(dead)) + 30), 0))
-    writer.start()
-    try:
-        with pytest.raises(RunLockedError, match=rf"pid {os.getpid()}, holding"):
-            RunLock(run).acquire()
-    finally:
-        writer.join()
-        os.close(fd)
+    line = f"{os.getpid()} {socket.gethostname()}:4567ef01\n".encode().ljust(
+        len(str(dead)) + 30
+    )  # the winner's
+    assert re.search(rf"pid {os.getpid()}, holding", refused_while_the_holder_writes(run, line))
 
 
 def _resume_race(run: str, barrier, results) -> None:

@@ -1,6 +1,8 @@
 """Decode-step time of the step benchmark's model against its floor, eager vs compiled generation.
 
     python -m bench.generation --batch 256 --prompt 64 --new 64,192 --out bench_gen
+    python -m bench.generation --config-dir bench/configs/qwen2.5-1.5b --batch 128 --prompt 192 --new 64,384 \
+        --backends compiled --deterministic --kv-writes --profile 64     # the cost of deterministic: true
 
 The per-step time is the difference of two generate calls with N1 and N2 new tokens over N2 - N1 (prefill
 and set-up cancel). The floor of one decode step is the larger of its bytes at --bandwidth (the H200's
@@ -15,6 +17,7 @@ configs/smollm2.yaml); rollouts never stop early (no stop tokens).
 import argparse
 import contextlib
 import copy
+import hashlib
 import json
 import tempfile
 import time
@@ -25,6 +28,7 @@ from transformers import GenerationConfig
 
 from bench.models import padded_tokenizer, random_qwen35
 from engine import generation
+from trainer.setup import apply_determinism
 
 
 def floor(model, batch: int, prompt: int, new: tuple[int, int], bandwidth: float, flops: float) -> dict:
@@ -78,12 +82,16 @@ def time_calls(model, prompts, config, new: tuple[int, int], shapes, pad: int, r
         seconds.setdefault(n, []).append(time.perf_counter() - t0)
         assert all(len(t) == n for t in tokens), "a rollout stopped early"
     best = {n: min(s[1:]) for n, s in seconds.items()}
+    # the last call's tokens (its seed state is the same in every run of one command): equal digests across
+    # --deterministic variants mean the variants sampled the same rollouts
+    digest = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()
     step = (best[new[1]] - best[new[0]]) / (new[1] - new[0])
     return {
         "seconds": seconds,
         "step_ms": 1e3 * step,
         "tokens_per_s": len(prompts) * new[1] / best[new[1]],
         "first_call_s": seconds[new[0]][0],
+        "last_tokens_sha256": digest,
     }
 
 
@@ -165,7 +173,21 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", type=int, default=0, help="also profile one call of N new tokens (CUDA)")
     ap.add_argument("--block-v", type=int, help="the Triton decode kernel's tile width (default its BLOCK_V)")
     ap.add_argument("--num-warps", type=int, help="the Triton decode kernel's warps (default its NUM_WARPS)")
+    ap.add_argument("--deterministic", action="store_true", help="deterministic: true (apply_determinism)")
+    ap.add_argument(
+        "--no-fill-memory",
+        dest="deterministic_fill_memory",
+        action="store_false",
+        help="with --deterministic: deterministic_fill_memory false",
+    )
+    ap.add_argument(
+        "--kv-writes",
+        dest="deterministic_kv_writes",
+        action="store_true",
+        help="with --deterministic: deterministic_kv_writes true (engine/kv_writes.py)",
+    )
     a = ap.parse_args(argv)
+    apply_determinism(a)  # before any CUDA work, as trainer.train does
     a.p_ended, a.cap = 0.0, 1
     if a.block_v or a.num_warps:
         from engine import gated_delta_kernel

@@ -99,6 +99,12 @@ def parse(argv=None):
         help="with --deterministic: deterministic_fill_memory false (no fill of new tensors' memory)",
     )
     ap.add_argument(
+        "--kv-writes",
+        dest="deterministic_kv_writes",
+        action="store_true",
+        help="with --deterministic: deterministic_kv_writes true (engine/kv_writes.py)",
+    )
+    ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="ours: compile_norms_mlp (norms and MLPs compiled)"
     )
     ap.add_argument(

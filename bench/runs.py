@@ -96,6 +96,7 @@ def grpo_args(a, out: Path, *, rounds: int, on_cuda: bool, batch, checkpointing,
         adamw_state_on_gpu=a.adamw_state_on_gpu,  # ours only: plain TRL gets cpu_adamw_for()
         deterministic=a.deterministic,
         deterministic_fill_memory=a.deterministic_fill_memory,
+        deterministic_kv_writes=a.deterministic_kv_writes,
         compile_gated_delta_terms=a.compile_gated_delta_terms,
         compile_norms_mlp=a.compile_norms_mlp,
         fla_causal_conv=a.fla_conv,
@@ -232,6 +233,7 @@ def run_arm(
             "fla_conv": run.backends.fla_conv and not name.startswith("plain"),  # ours only
             "deterministic": bool(args.deterministic),
             "deterministic_fill_memory": bool(args.deterministic_fill_memory),
+            "deterministic_kv_writes": bool(args.deterministic_kv_writes),
         },
         "distributed_type": trainer.accelerator.distributed_type.value,
         "sharded": is_sharded(trainer.model),

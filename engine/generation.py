@@ -15,7 +15,8 @@ Triton kernel on CUDA), the causal conv update (`conv_decode_step`) and grouped-
 static cache (`grouped_decode_attention`). Two things of generate's loop change for the call too: the host reads
 the stopping check one step late instead of waiting for the GPU every token (`deferred_stop_check`), and each
 call shape keeps one static cache, reset between calls, so the captured graphs are replayed instead of
-re-recorded (`kept_static_cache`); float32 products run on TF32 tensor cores (`tf32_matmuls`).
+re-recorded (`kept_static_cache`; under `deterministic_kv_writes` its layers write by position,
+engine/kv_writes.py); float32 products run on TF32 tensor cores (`tf32_matmuls`).
 The model is the training model itself (the optimizer writes its parameters in place, and CUDA graphs read
 them from the same addresses), so a rollout never comes from stale weights. Evaluation uses the same call;
 which backend produced an eval file is recorded in run.json (`eval.generation`).
@@ -37,6 +38,8 @@ from transformers.generation import utils as generation_utils
 from transformers.generation.configuration_utils import CompileConfig
 from transformers.generation.stopping_criteria import EosTokenCriteria
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from engine.kv_writes import use_position_writes
 
 BACKENDS = ("eager", "compiled", "vllm")  # what produced an eval file (run.json eval.generation)
 PROMPT_MULTIPLE = 64  # default prompt width bucket (rollouts: the config's prompt_multiple; evaluation: this)
@@ -151,6 +154,7 @@ def kept_static_cache(model) -> Iterator[None]:
             kept[shape][1].reset()  # zeroes every layer's tensors in place
         else:  # a longer cache replaces a shorter one: transformers never asks for less again
             kept[shape] = (length, build(**kwargs))
+        use_position_writes(kept[shape][1])  # under deterministic_kv_writes only (engine/kv_writes.py)
         return kept[shape][1]
 
     model._prepare_static_cache = prepare

@@ -9,6 +9,7 @@ import torch
 from test_resume_refusals import ModelTouched, argv, inputs  # noqa: F401  (inputs: a fixture)
 from trl import ModelConfig, TrlParser
 
+from engine import kv_writes
 from trainer import setup, train
 from trainer.backends import decide_backends
 from trainer.config import CapGRPOConfig, ConfigError, resume_changes
@@ -87,3 +88,30 @@ def test_the_memory_fill_can_be_turned_off_for_deterministic_runs(inputs, observ
     with pytest.raises(ModelTouched):
         train.main(argv(inputs, "--deterministic", "true", "--deterministic_fill_memory", "false"))
     assert observed["algorithms"] is True and observed["fill"] is False
+
+
+def test_kv_writes_by_position_follow_the_flag_and_their_switch(monkeypatch):
+    """deterministic_kv_writes reaches engine/kv_writes.py with the other switches, and only with deterministic."""
+    monkeypatch.setattr(kv_writes, "POSITION_WRITES", False)
+    before = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+              torch.backends.cudnn.benchmark)  # fmt: skip
+    args = CapGRPOConfig(output_dir="/tmp/unused", report_to="none", use_cpu=True)
+    try:
+        args.deterministic_kv_writes = True
+        setup.apply_determinism(args)  # deterministic off: nothing changes
+        assert kv_writes.POSITION_WRITES is False and args.deterministic_kv_writes
+        args.deterministic = True
+        setup.apply_determinism(args)
+        assert kv_writes.POSITION_WRITES is True
+        args.deterministic_kv_writes = False
+        setup.apply_determinism(args)
+        assert kv_writes.POSITION_WRITES is False
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1:]
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+
+
+def test_a_resume_may_not_change_how_the_cache_is_written():
+    refused, _ = resume_changes({"deterministic_kv_writes": False}, {"deterministic_kv_writes": True})
+    assert refused == {"deterministic_kv_writes": [False, True]}

@@ -156,3 +156,47 @@ def test_fla_causal_conv_where_it_cannot_run_is_refused_in_one_line(
     args.fla_causal_conv = True  # as a recipe on such a machine would ask
     with pytest.raises(ConfigError, match=f"^fla_causal_conv: true {why}"):
         decide_backends(args, world=1, cuda=cuda, fla=fla)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_make_eval_generates_under_the_runs_determinism(deterministic, tmp_path, monkeypatch):
+    """A deterministic run's rows come again only from the kernels it ran: `make eval` applies run.json's
+    determinism switches before it loads the model (a run.json from before a switch existed: its default)."""
+    import os
+
+    import torch
+
+    from engine import kv_writes
+
+    tok, model = tiny_random_model()
+    snapshot = tmp_path / "tasks.json"
+    write_snapshot(TASKS, snapshot)
+    spec = EvalSpec(cap=4, temperature=1.0, top_p=1.0, seed=1, samples={FIXED: 1, HELDOUT: 1})
+    run = {
+        "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
+        "base_model": "unused: load_checkpoint is replaced",
+        "eval_sets": {FIXED: ["t0"], HELDOUT: ["t1", "t2"]},
+        "eval": spec.to_json(),
+        "config": {"deterministic": deterministic, "deterministic_kv_writes": True},
+    }
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    seen = []
+
+    def load(path, device):
+        seen.append((torch.are_deterministic_algorithms_enabled(), kv_writes.POSITION_WRITES,
+                     torch.utils.deterministic.fill_uninitialized_memory))  # fmt: skip
+        return model.float(), tok
+
+    monkeypatch.setattr(eval_checkpoints, "GraderPool", RecordingPool)
+    monkeypatch.setattr(eval_checkpoints, "load_checkpoint", load)
+    monkeypatch.setattr(kv_writes, "POSITION_WRITES", False)
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    cublas = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        assert eval_checkpoints.main([str(tmp_path), "--steps", "0", "--device", "cpu"]) == 0
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = before[1], False
+        if cublas is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    assert seen == [(True, True, True)] if deterministic else seen == [(before[0], False, True)]

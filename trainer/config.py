@@ -5,6 +5,7 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 from trl import GRPOConfig
 
@@ -59,6 +60,16 @@ def grader_limits(config: dict) -> dict:
     """GraderPool's limits from a config dict (run.json `config`); a field it lacks takes our default."""
     fields = CapGRPOConfig.__dataclass_fields__
     return {arg: config.get(name, fields[name].default) for name, arg in GRADER_LIMITS.items()}
+
+
+DETERMINISM = ("deterministic", "deterministic_fill_memory", "deterministic_kv_writes")
+
+
+def recorded_determinism(config: dict) -> SimpleNamespace:
+    """The determinism switches of a config dict (run.json `config`), a field it predates at our default: what
+    `make eval` applies before it generates, as the run did (trainer/setup.py apply_determinism)."""
+    fields = CapGRPOConfig.__dataclass_fields__
+    return SimpleNamespace(**{name: config.get(name, fields[name].default) for name in DETERMINISM})
 
 
 @dataclass
@@ -243,6 +254,13 @@ class CapGRPOConfig(GRPOConfig):
         metadata={"help": "With deterministic: torch's fill of every new tensor's memory (a guard against kernels "
                   "that read memory nobody wrote; a fill kernel per allocation, also inside CUDA graphs). "
                   "false: the suspect of deterministic generation's 1.7x on the H200, not yet measured."},
+    )  # fmt: skip
+    deterministic_kv_writes: bool = field(
+        default=False,
+        metadata={"help": "With deterministic: compiled generation writes the static KV cache with one plain copy "
+                  "kernel per write (positions never repeat, so it is deterministic by construction) instead of "
+                  "the deterministic index_put Inductor falls back to, twice per attention layer and token "
+                  "(engine/kv_writes.py). The same values; off until the H200 measures it."},
     )  # fmt: skip
     # --- training micro-batch (engine/micro_batch.py): unset, the trainer sizes it at init ---------------
     per_device_train_batch_size: int | None = field(

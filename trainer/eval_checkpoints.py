@@ -37,8 +37,9 @@ from rundir.files import step_dir, summarize, write_eval  # noqa: E402
 from rundir.run_json import RunDirError, read_run_json  # noqa: E402
 from rundir.state import StateError  # noqa: E402
 from rundir.step import verify_step  # noqa: E402
-from trainer.config import grader_limits  # noqa: E402
+from trainer.config import grader_limits, recorded_determinism  # noqa: E402
 from trainer.evaluation import EvalSpec, as_checkpoint, eos_token_ids, refuse_past_positions, run_eval  # noqa: E402
+from trainer.setup import apply_determinism  # noqa: E402
 
 
 def is_adapter(path: Path) -> bool:
@@ -172,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     stack = ExitStack()  # the grader pool, closed on every way out
     try:
         run = read_run_json(args.run_dir)
+        # a deterministic run's rows come again only from the same kernels: its switches, before any CUDA work
+        apply_determinism(recorded_determinism(run.get("config") or {}))
         args.device = args.device or run_device(run)
         run_spec = EvalSpec.from_run(run, str(run_file))
         overrides = {

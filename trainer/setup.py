@@ -25,6 +25,7 @@ from trl import ModelConfig, get_peft_config
 
 from data.eval_sets import extra_evals_by_cap
 from data.run_tasks import RunTasks, run_tasks
+from engine import kv_writes
 from engine.chunked_gated_delta import torch_on_cpu
 from engine.micro_batch import MicroBatch, longest_prompt, size_micro_batch
 from policy.arms import Arm, resolve_arm
@@ -150,6 +151,7 @@ def apply_determinism(args: CapGRPOConfig) -> None:
     torch.use_deterministic_algorithms(True)  # an op with no deterministic kernel raises, naming itself
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.utils.deterministic.fill_uninitialized_memory = args.deterministic_fill_memory
+    kv_writes.POSITION_WRITES = args.deterministic_kv_writes
 
 
 def vllm_installed() -> bool:

@@ -8,7 +8,11 @@
 #     lock's versions (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl)
 #   python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
 #     artifacts/real/math500.jsonl .whl/*.whl --name q15        # ~26 calls
-# Calls: `receive K` for every q15 call but the last; `start LAST` (join, install, the trial detached: three 1.5B
+# Calls: first `detbench` (no carry: it starts the machine; four processes of bench.generation at the 1.5B's decode
+# shape, ~100 s each: deterministic: true as launch 2 ran it, with deterministic_kv_writes, without the flag, and with
+# kv writes and no memory fill; rule, set 2026-12-05 before it runs: if the kv-writes variant's step_ms is >= 5% below
+# the plain deterministic one's, plan-throughput2.yaml gets `deterministic_kv_writes: true` in its gpu run_args by a
+# dated amendment before the trial's first run, else it runs as registered); then `receive K` for every q15 call but the last; `start LAST` (join, install, the trial detached: three 1.5B
 # runs under MPS, each sized for 0.3 of the GPU, plan-throughput2.yaml); `watch` until it ends; `pack`; then `alone`
 # (seed 910 of both arms, one run at a time, no MPS neighbours) and `compare` (issue 60's bitwise check of a run
 # under the chosen setup against the same run alone, with deterministic: true); `pack` again for the alone runs.
@@ -31,6 +35,14 @@ start)  # start LAST: the last part, join, install, the trial detached
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --detach
   sleep 30; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
+detbench)  # the cost of deterministic: true on the 1.5B's decode step, and what position writes take back
+  B="python3 -m bench.generation --config-dir bench/configs/qwen2.5-1.5b --batch 128 --prompt 192 --new 64,384 --backends compiled --profile 64"
+  for v in "det:--deterministic" "det-kv:--deterministic --kv-writes" "free:" "det-kv-nofill:--deterministic --kv-writes --no-fill-memory"; do
+    name=${v%%:*}; flags=${v#*:}
+    [ $(left) -gt 120 ] || { echo "skip $name: $(left) s left"; continue; }
+    timeout $(( $(left) - 10 )) $B $flags --out $OUT/detbench-$name > $OUT/detbench-$name.log 2>&1
+    echo "$name rc $?"; grep -E '^(compiled|profile) ' $OUT/detbench-$name.log | cut -c1-400
+  done ;;
 watch)  # watch [S]
   python3 -m launch $PLAN watch --work ${3:-$W} --for-s ${2:-$(left)}
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;

@@ -16,7 +16,8 @@ from launch.plan import LaunchError, PlanError, Rule, load
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ["docs/experiment-real/plan.yaml", "docs/experiment-h200/plan.yaml", "docs/experiment-qwen/plan.yaml",
-         "docs/experiment-qwen/plan-x8.yaml", "docs/experiment-embedded/seeds6/plan.yaml"]  # fmt: skip
+         "docs/experiment-qwen/plan-x8.yaml", "docs/experiment-qwen/plan-launch3.yaml",
+         "docs/experiment-embedded/seeds6/plan.yaml"]  # fmt: skip
 
 
 @pytest.mark.parametrize("path", PLANS)

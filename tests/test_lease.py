@@ -54,6 +54,20 @@ def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():
     assert two.run_args["gpu"] == {**one.run_args["gpu"], "deterministic": True}
 
 
+def test_the_launch3_plan_is_launch_1s_experiment_with_new_seeds_at_launch_2s_pace():
+    """Issue 60's first bar: launch 1's plan (not deterministic), new seeds, launch 2's levers (MPS, detached runs,
+    step 0 shared, the report's steps), runs at a time by 1.3x the leader's first-step memory."""
+    one, two, three = (load(QWEN / f) for f in ("plan.yaml", "plan-launch2.yaml", "plan-launch3.yaml"))
+    x8 = load(QWEN / "plan-x8.yaml")
+    differ = {f for f in one.__dataclass_fields__ if getattr(one, f) != getattr(three, f)}
+    assert differ == {"path", "name", "seeds", "eval", "budget", "report"}
+    assert not set(three.seeds) & (set(one.seeds) | set(two.seeds) | set(x8.seeds))
+    assert three.eval == two.eval and three.run_args == one.run_args
+    assert {k: three.budget[k] for k in ("mps", "share_step0", "memory_growth")} == {
+        "mps": True, "share_step0": True, "memory_growth": 1.3,
+    }  # fmt: skip
+
+
 def test_the_trainer_evaluates_at_the_plans_steps_alone():
     plan = load(QWEN / "plan-launch2.yaml")
     assert eval_settings(plan, 30) == {"eval_every": 1, "eval_at_steps": [0, 10, 20, 30]}

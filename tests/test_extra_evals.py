@@ -135,6 +135,14 @@ def test_a_run_evaluates_a_file_set_and_another_cap_and_records_them(tmp_path):
         )
 
     assert at(r.rows(2)) == at(longer) and Path(run / "results/eval_step002_cap0048.jsonl").is_file()
+    # what a plan's `secondary` section with a cap reads (launch/report.py): the set at that step and cap alone
+    heldout = len(info["eval_sets"]["heldout300"])
+    assert (r.score(2, "math500", 48).n, r.score(2, "math500").n, r.score(2, "heldout300", 48).problems) == (
+        3,
+        3,
+        heldout,
+    )
+    assert r.score(1, "math500") is None and r.score(1, "heldout300", 48) is None
     # `make eval` on the saved last step writes what training wrote there, extra sets and caps included
     from trainer import eval_checkpoints
 

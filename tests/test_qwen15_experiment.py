@@ -64,3 +64,29 @@ def test_the_second_throughput_trial_starts_its_runs_as_the_experiment_would(tmp
     args, _ = parse([*cmd[3:], "--use_cpu", "true"])  # the GPU recipe parsed on this CPU machine
     assert args.eval_set_files == {"math500": str(math500)} and args.extra_eval_steps == [0, 10]
     assert args.extra_evals == ["math500@384", "math500@1024", "heldout300@1152"] and args.deterministic
+
+
+def test_the_drafted_training_design_is_what_the_trial_measures(tmp_path):
+    """plan.yaml's training design (draft until the lease figure): >= 16 pairs below the rerun seeds (100 up), 30
+    deterministic steps, every extra evaluation read by a registered secondary at its cap, and the budget and
+    run_args of plan-throughput2.yaml, whose lease figure sets the seed count (its extra evaluations at its own
+    last step). The launcher refuses to train from it while it is a draft."""
+    import pytest
+
+    from launch.plan import LaunchError
+    from launch.runs import train
+
+    trial = load(DOCS / "plan-throughput2.yaml")
+    assert PLAN.status == "draft" and len(PLAN.seeds) >= 16 and max(PLAN.seeds) < 100 and PLAN.steps == 30
+    gpu = PLAN.run_args["gpu"]
+    assert gpu["deterministic"] and gpu["extra_eval_steps"] == [0, PLAN.steps]
+    assert {f"{s['set']}@{s['cap']}" for s in PLAN.secondaries if "cap" in s} == set(gpu["extra_evals"])
+    read = {f"{s['set']}@{s['cap']}" for s in PLAN.report if s["kind"] == "secondary" and "cap" in s}
+    assert read == set(gpu["extra_evals"])
+    assert PLAN.budget == trial.budget
+    assert {**gpu, "extra_eval_steps": [0, trial.steps]} == {
+        **trial.run_args["gpu"],
+        "deterministic_kv_writes": False,
+    }
+    with pytest.raises(LaunchError, match="status draft"):
+        train(PLAN, tmp_path, tmp_path, smoke=False)

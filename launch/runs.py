@@ -71,6 +71,15 @@ def stop(procs: list[subprocess.Popen], grace_s: float) -> None:
             time.sleep(1)
 
 
+def cache_env(work: Path) -> dict[str, str]:
+    """One compile cache for every run of the launch: the leader compiles, the others read (issue 60), and `pack
+    --with-caches` carries it to the next lease. Triton (>= 3.4) also keeps its autotuners' choices there
+    (TRITON_CACHE_AUTOTUNING; fla's and our Triton kernels): every run then times no config another timed, and
+    all of them run the same configs."""
+    dirs = dict(zip(("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"), (str(work / c) for c in CACHES)))
+    return {**dirs, "TRITON_CACHE_AUTOTUNING": "1"}
+
+
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
           parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None,
           caches: Path | None = None) -> int:  # fmt: skip
@@ -103,10 +112,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     if caches is not None:
         unpack_caches(caches, work)
     base = base_settings(plan, work, smoke, gguf)
-    # one compile cache for every run of the launch: the leader compiles, the others read (issue 60)
-    cache_dirs = dict(zip(("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"), (str(work / c) for c in CACHES)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "OMP_NUM_THREADS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **cache_dirs}  # fmt: skip
+           "OMP_NUM_THREADS": "1", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", **cache_env(work)}  # fmt: skip
     mps = bool(b.get("mps")) and not smoke
     if mps:
         env.update(start_mps(work))

@@ -247,6 +247,23 @@ def test_compile_caches_travel_to_the_next_lease_only_to_the_same_torch_triton_a
         pack.unpack_caches(tmp_path / "cut.tar.gz", tmp_path / "lease4")
 
 
+def test_every_run_writes_the_caches_that_pack_carries_autotuning_included(tmp_path):
+    """The runs' environment (launch/runs.py cache_env) names the folders pack_caches archives, and Triton keeps
+    its autotuners' timings there, so the next lease's runs time nothing this one timed."""
+    import tarfile
+
+    import launch.pack as pack
+    from launch.runs import cache_env
+
+    env = cache_env(tmp_path)
+    assert env["TRITON_CACHE_AUTOTUNING"] == "1"
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        (Path(env[var]) / "entry").parent.mkdir(parents=True)
+        (Path(env[var]) / "entry").write_bytes(var.encode())
+    with tarfile.open(pack.pack_caches(tmp_path, tmp_path / "out")) as tar:
+        assert {"cache/inductor/entry", "cache/triton/entry"} <= set(tar.getnames())
+
+
 def test_the_15b_trial_figures_recompute_from_its_rows():
     """docs/PERFORMANCE.md's 1.5B figures (one run alone at T 1.0, cap 384), from the lease folder's archive."""
     import statistics

@@ -57,6 +57,7 @@ watch)  # watch [S]
 pack)  # pack [WORK]
   python3 -m launch $PLAN pack --work ${2:-$W} --out $OUT ;;
 alone)  # seed 910 of both arms again, one run at a time, the converted base and step-0 sharing as in the trial
+  mkdir -p $A && ln -sfn $W/qwen2.5-coder-1.5b $A/qwen2.5-coder-1.5b  # the trial's converted base, not converted again
   python3 -m launch $PLAN train --work $A --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds 910 --parallel 1 \
     --budget-s $(left) > $OUT/alone.log 2>&1; tail -5 $OUT/alone.log ;;
 compare)  # issue 60's exactness check: the same run under the chosen setup and alone, bitwise

@@ -84,9 +84,6 @@ def test_the_drafted_training_design_is_what_the_trial_measures(tmp_path):
     read = {f"{s['set']}@{s['cap']}" for s in PLAN.report if s["kind"] == "secondary" and "cap" in s}
     assert read == set(gpu["extra_evals"])
     assert PLAN.budget == trial.budget
-    assert {**gpu, "extra_eval_steps": [0, trial.steps]} == {
-        **trial.run_args["gpu"],
-        "deterministic_kv_writes": False,
-    }
+    assert {**gpu, "extra_eval_steps": [0, trial.steps]} == trial.run_args["gpu"]
     with pytest.raises(LaunchError, match="status draft"):
         train(PLAN, tmp_path, tmp_path, smoke=False)

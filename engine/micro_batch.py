@@ -108,9 +108,12 @@ def kept_cache_bytes(text_config, rows: int, length: int, dtype_bytes: int) -> i
     return rows * per_row
 
 
-def kept_caches_bytes(args, backends, text_config, max_prompt_tokens: int, dtype_bytes: int) -> int:
+def kept_caches_bytes(
+    args, backends, text_config, max_prompt_tokens: int, dtype_bytes: int, eval_bytes: int | None = None
+) -> int:
     """The static caches compiled generation keeps between calls (one per row count, as long as its longest
-    call: prompt width rounded up to its bucket + new tokens): the rollouts', and the evaluation's."""
+    call: prompt width rounded up to its bucket + new tokens): the rollouts', in the model's dtype, and the
+    evaluation's, in its copy's (`eval_bytes`: 2 on a GPU, where evaluation decodes a bf16 copy)."""
     if not backends.compiled_rollouts:
         return 0
 
@@ -118,12 +121,12 @@ def kept_caches_bytes(args, backends, text_config, max_prompt_tokens: int, dtype
         return -(-max_prompt_tokens // multiple) * multiple
 
     rows = args.generation_rows or args.problems_per_round * args.num_generations
-    lengths = {rows: width(args.prompt_multiple) + args.max_completion_length}
+    caches = [(rows, width(args.prompt_multiple) + args.max_completion_length, dtype_bytes)]
     if backends.eval_generation == "compiled" and args.eval_every > 0:
         extra = extra_evals_by_cap(getattr(args, "extra_evals", ()))  # the longest cap evaluated
         evaluation = width(PROMPT_MULTIPLE) + max([args.eval_cap or args.max_completion_length, *extra])
-        lengths[args.eval_batch_size] = max(lengths.get(args.eval_batch_size, 0), evaluation)
-    return sum(kept_cache_bytes(text_config, n, length, dtype_bytes) for n, length in lengths.items())
+        caches.append((args.eval_batch_size, evaluation, eval_bytes or dtype_bytes))  # another model: its own
+    return sum(kept_cache_bytes(text_config, n, length, b) for n, length, b in caches)
 
 
 def divisors_down(n: int) -> list[int]:
@@ -246,7 +249,7 @@ def size_micro_batch(
         fits = [n for n in divisors_down(rollouts) if n * row_tokens <= CPU_TOKEN_BUDGET] or [1]
         return MicroBatch(rows or fits[0], bool(ckpt), row_tokens, f"cpu: {CPU_TOKEN_BUDGET} tokens", on_gpu)
     if budget_bytes is None:
-        cache = kept_caches_bytes(args, backends, text, max_prompt_tokens, dtype_bytes)
+        cache = kept_caches_bytes(args, backends, text, max_prompt_tokens, dtype_bytes, eval_bytes=2)
         static = static_bytes(args, model, world, backends.cpu_adamw, cache)
         static += head_workspace_bytes(text, dtype_bytes)
         budget_bytes = cuda_budget(args, model, static)

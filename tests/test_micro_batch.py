@@ -158,10 +158,16 @@ def test_cuda_budget_is_free_memory_less_what_stays_on_the_device(tiny, tmp_path
     )  # one of several runs on this GPU
     args.gpu_memory_share = 1.0
     gpu = decide_backends(args, world=1, cuda=True)  # CPUAdamW (no moments on the GPU) and compiled rollouts
-    # kept caches: the rollouts' (32 rows, prompt width 64 + cap) and the evaluation's (64 rows, 64 + cap)
-    cache = micro_batch.kept_caches_bytes(args, gpu, text, PROMPT, 4)
-    per_row = micro_batch.kept_cache_bytes(text, 1, 64 + CAP, 4)
-    assert cache == (args.problems_per_round * G + args.eval_batch_size) * per_row > 0
+    # kept caches: the rollouts' (32 rows, prompt width 64 + cap, the model's float32) and the evaluation's (64
+    # rows, 64 + cap, its bf16 copy's: on a GPU evaluation decodes a bf16 copy of the model)
+    cache = micro_batch.kept_caches_bytes(args, gpu, text, PROMPT, 4, eval_bytes=2)
+    per_row, bf16_row = (micro_batch.kept_cache_bytes(text, 1, 64 + CAP, b) for b in (4, 2))
+    assert cache == args.problems_per_round * G * per_row + args.eval_batch_size * bf16_row
+    assert per_row > bf16_row > 0  # the K/V halve, the linear layers' float32 state does not
+    assert (
+        micro_batch.kept_caches_bytes(args, gpu, text, PROMPT, 4)
+        == (args.problems_per_round * G + args.eval_batch_size) * per_row
+    )
     freed = 2 * trainable - cache  # moments moved to the host, the kept cache added
     want = next((n for n in (32, 16, 8, 4, 2, 1) if n * row <= 4.5 * row + freed), 1)
     assert micro_batch.size_micro_batch(args, model, PROMPT, gpu).rows == want != 4

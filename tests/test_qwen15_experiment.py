@@ -69,14 +69,15 @@ def test_the_second_throughput_trial_starts_its_runs_as_the_experiment_would(tmp
 def test_the_drafted_training_design_is_what_the_trial_measures(tmp_path):
     """plan.yaml's training design (draft until the lease figure): >= 16 pairs below the rerun seeds (100 up), 30
     deterministic steps, every extra evaluation read by a registered secondary at its cap, and the budget and
-    run_args of plan-throughput2.yaml, whose lease figure sets the seed count (its extra evaluations at its own
-    last step). The launcher refuses to train from it while it is a draft."""
+    run_args of plan-throughput3.yaml, whose lease figure sets the seed count (its extra evaluations at its own
+    last step); plan-throughput3 differs from the second trial only in seeds and budget. The launcher refuses to
+    train from the draft."""
     import pytest
 
     from launch.plan import LaunchError
     from launch.runs import train
 
-    trial = load(DOCS / "plan-throughput2.yaml")
+    trial = load(DOCS / "plan-throughput3.yaml")
     assert PLAN.status == "draft" and len(PLAN.seeds) >= 16 and max(PLAN.seeds) < 100 and PLAN.steps == 30
     gpu = PLAN.run_args["gpu"]
     assert gpu["deterministic"] and gpu["extra_eval_steps"] == [0, PLAN.steps]
@@ -85,5 +86,10 @@ def test_the_drafted_training_design_is_what_the_trial_measures(tmp_path):
     assert read == set(gpu["extra_evals"])
     assert PLAN.budget == trial.budget
     assert {**gpu, "extra_eval_steps": [0, trial.steps]} == trial.run_args["gpu"]
+    second = load(DOCS / "plan-throughput2.yaml")
+    assert {f for f in second.__dataclass_fields__ if getattr(second, f) != getattr(trial, f)} == {
+        "path", "name", "seeds", "budget",
+    }  # fmt: skip
+    assert not set(trial.seeds) & (set(second.seeds) | set(PLAN.seeds))
     with pytest.raises(LaunchError, match="status draft"):
         train(PLAN, tmp_path, tmp_path, smoke=False)

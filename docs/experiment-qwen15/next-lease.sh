@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The next H200 lease for issues 60 and 62, prepared 2026-12-04 and 05 (eighth and ninth sessions, no device lent):
-# not run yet.
+# The next H200 lease for issues 60 and 62, prepared 2026-12-04 and 05. Its first run (2026-12-05,
+# docs/performance/h200-2026-12-05/lease.sh) did detbench and started plan-throughput2.yaml's trial, whose 0.3 share
+# could not hold a 1.5B run; the machine was then released with the rows on it. Next time the same calls run
+# plan-throughput3.yaml (two runs at a time, 0.45 each) and skip detbench (done: deterministic_kv_writes true).
 # One part per device call, from the repository root, back to back (the machine keeps /tmp ~30 s after a call).
 # Here, before the lease (the tree's size sets each call's share, so split after the last commit):
 #   make real-base MODEL=qwen2.5-coder-1.5b     # artifacts/qwen2.5-coder-1.5b.gguf and artifacts/real/gsm_symbolic.tasks.json
@@ -16,18 +18,18 @@
 # call but the last while they run; `detbench-out` when they end. Rule, set 2026-12-05 before it runs: if the
 # kv-writes variant's step_ms is >= 5% below the plain deterministic one's, plan-throughput2.yaml gets
 # `deterministic_kv_writes: true` in its gpu run_args by a dated amendment (committed here) before the trial's first
-# run, else it runs as registered. Then `start LAST` (join, install, the trial detached: three 1.5B
-# runs under MPS, each sized for 0.3 of the GPU, plan-throughput2.yaml); `watch` until it ends; `pack`; then `alone`
-# (seed 910 of both arms, one run at a time, no MPS neighbours) and `compare` (issue 60's bitwise check of a run
+# run, else it runs as registered. Then `start LAST` (join, install, the trial detached: two 1.5B
+# runs under MPS, each sized for 0.45 of the GPU, plan-throughput3.yaml); `watch` until it ends; `pack`; then `alone`
+# (seed 913 of both arms, one run at a time, no MPS neighbours) and `compare` (issue 60's bitwise check of a run
 # under the chosen setup against the same run alone, with deterministic: true); `pack` again for the alone runs.
-# Lease figure afterwards, here: unpack, then `make launch PLAN=docs/experiment-qwen15/plan-throughput2.yaml
+# Lease figure afterwards, here: unpack, then `make launch PLAN=docs/experiment-qwen15/plan-throughput3.yaml
 # STAGE=report` with a `lease` section, and into docs/PERFORMANCE.md and PLAN.md's seed count.
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export CAPGRPO_COMMIT=${CAPGRPO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
-PLAN=docs/experiment-qwen15/plan-throughput2.yaml W=/tmp/q15w A=/tmp/q15a
+PLAN=docs/experiment-qwen15/plan-throughput3.yaml W=/tmp/q15w A=/tmp/q15a
 left() { echo $((570 - SECONDS)); }
 case ${1:-} in
 receive)  # receive K
@@ -56,13 +58,13 @@ watch)  # watch [S]
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
 pack)  # pack [WORK]
   python3 -m launch $PLAN pack --work ${2:-$W} --out $OUT ;;
-alone)  # seed 910 of both arms again, one run at a time, the converted base and step-0 sharing as in the trial
+alone)  # seed 913 of both arms again, one run at a time, the converted base and step-0 sharing as in the trial
   mkdir -p $A && ln -sfn $W/qwen2.5-coder-1.5b $A/qwen2.5-coder-1.5b  # the trial's converted base, not converted again
-  python3 -m launch $PLAN train --work $A --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds 910 --parallel 1 \
+  python3 -m launch $PLAN train --work $A --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds 913 --parallel 1 \
     --budget-s $(left) > $OUT/alone.log 2>&1; tail -5 $OUT/alone.log ;;
 compare)  # issue 60's exactness check: the same run under the chosen setup and alone, bitwise
   for arm in S0 S2; do
-    python3 -m bench.resume_check --compare $W/runs/qwen15-$arm-s910 $A/runs/qwen15-$arm-s910 --report $OUT/compare-$arm.json
+    python3 -m bench.resume_check --compare $W/runs/qwen15-$arm-s913 $A/runs/qwen15-$arm-s913 --report $OUT/compare-$arm.json
   done ;;
 *) echo "unknown part ${1:-}"; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Second machine of the 2026-12-05 lease (the first was released with the 1.5B trial's rows still on it): what a lease
+# Prepared for a second machine of the 2026-12-05 lease, which was not lent (lease.sh); not run yet. What a lease
 # figure for the 1.5B is made of, measured without carrying the base (random weights of the real shapes):
 #   1. MPS at the 1.5B's decode shape (deterministic, position writes): 1, 2, then 3 processes of bench.generation at once;
 #   2. deterministic: true's cost at the 0.5B's decode shape (launch 2's 1.7x), with and without position writes.

@@ -2,7 +2,7 @@
 
     python -m bench.generation --batch 256 --prompt 64 --new 64,192 --out bench_gen
     python -m bench.generation --config-dir bench/configs/qwen2.5-1.5b --batch 128 --prompt 192 --new 64,384 \
-        --backends compiled --deterministic --kv-writes --profile 64     # the cost of deterministic: true
+        --backends compiled --deterministic --kv-writes false --profile 64     # deterministic: true's cost
 
 The per-step time is the difference of two generate calls with N1 and N2 new tokens over N2 - N1 (prefill
 and set-up cancel). The floor of one decode step is the larger of its bytes at --bandwidth (the H200's
@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
+from bench.grpo_step import true_false
 from bench.models import padded_tokenizer, random_qwen35
 from engine import generation
 from trainer.setup import apply_determinism
@@ -183,8 +184,11 @@ def main(argv=None) -> dict:
     ap.add_argument(
         "--kv-writes",
         dest="deterministic_kv_writes",
-        action="store_true",
-        help="with --deterministic: deterministic_kv_writes true (engine/kv_writes.py)",
+        type=true_false,
+        nargs="?",
+        const=True,
+        default=True,
+        help="with --deterministic: deterministic_kv_writes (engine/kv_writes.py; default true, as the trainer's)",
     )
     a = ap.parse_args(argv)
     apply_determinism(a)  # before any CUDA work, as trainer.train does

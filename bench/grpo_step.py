@@ -101,8 +101,11 @@ def parse(argv=None):
     ap.add_argument(
         "--kv-writes",
         dest="deterministic_kv_writes",
-        action="store_true",
-        help="with --deterministic: deterministic_kv_writes true (engine/kv_writes.py)",
+        type=true_false,
+        nargs="?",
+        const=True,
+        default=True,
+        help="with --deterministic: deterministic_kv_writes (engine/kv_writes.py; default true, as the trainer's)",
     )
     ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="ours: compile_norms_mlp (norms and MLPs compiled)"

@@ -8,10 +8,11 @@ the flag it fuses the write into the kernel that computes the keys. Its determin
 repeated positions, where two writes race. A cache's positions never repeat, so the plain kernel is
 deterministic here by construction, and the values written are the same bits.
 
-With `deterministic_kv_writes: true` (trainer/setup.py apply_determinism sets POSITION_WRITES), the compiled
-calls' cache layers write through `write_positions`, an opaque custom op that Inductor calls in place on the
-cache, without the sort. tests/test_kv_writes.py shows the fallback and its removal on the CPU; the decode
-step's time with and without it is `python -m bench.generation --deterministic [--kv-writes]` on a GPU.
+With `deterministic_kv_writes: true` (the default; trainer/setup.py apply_determinism sets POSITION_WRITES), the
+compiled calls' cache layers write through `write_positions`, an opaque custom op that Inductor calls in place on
+the cache, without the sort. tests/test_kv_writes.py shows the fallback and its removal on the CPU. On the H200 the
+1.5B's decode step took 7.68 ms under the flag, 6.10 with position writes and 5.97 without the flag, with the same
+tokens (`python -m bench.generation --deterministic --kv-writes true|false`; docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations

@@ -27,7 +27,13 @@ def _fields() -> dict:
     from trainer.config import CapGRPOConfig
 
     parser = HfArgumentParser((CapGRPOConfig, ModelConfig))
-    return {a.dest: a for a in parser._actions if a.dest != "help"}
+    fields = {}
+    for a in (
+        parser._actions
+    ):  # a bool field defaulting to true also has `--no_<field>` (store_false): the first wins
+        if a.dest != "help":
+            fields.setdefault(a.dest, a)
+    return fields
 
 
 def _value(key: str, value, where: str, from_text: bool):

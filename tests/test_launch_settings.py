@@ -125,7 +125,8 @@ def test_old_argument_lists_and_typed_mappings_are_the_same_settings():
 
 
 def test_typed_settings_parse_as_the_trainer_parses_them():
-    """What `argv` renders, the trainer's own parser reads back as the plan's values (nargs lists, bools)."""
+    """What `argv` renders, the trainer's own parser reads back as the plan's values (nargs lists, bools, and bools
+    that default to true, which the parser also offers as `--no_<field>`)."""
     from transformers import HfArgumentParser
     from trl import ModelConfig
 
@@ -133,7 +134,8 @@ def test_typed_settings_parse_as_the_trainer_parses_them():
 
     typed = {"max_steps": 3, "eval_every": 1, "eval_at_steps": [0, 2, 3], "checkpoint_steps": [1, 3],
              "bf16": False, "use_cpu": True, "gpu_memory_share": 0.5, "output_dir": "/tmp/x", "arm": "S0",
-             "model_name_or_path": "embedded/base"}  # fmt: skip
+             "model_name_or_path": "embedded/base", "deterministic_fill_memory": False,
+             "deterministic_kv_writes": True}  # fmt: skip
     parsed = HfArgumentParser((CapGRPOConfig, ModelConfig)).parse_args(argv(plan_settings(typed, "p"))[3:])
     assert {k: getattr(parsed, k) for k in typed} == typed
 

@@ -45,7 +45,7 @@ detbench)  # the wheels, then detached: the cost of deterministic: true on the 1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   mkdir -p /tmp/detbench && setsid bash -c '
     B="python3 -m bench.generation --config-dir bench/configs/qwen2.5-1.5b --batch 128 --prompt 192 --new 64,384 --backends compiled --profile 64"
-    for v in "det:--deterministic" "det-kv:--deterministic --kv-writes" "free:" "det-kv-nofill:--deterministic --kv-writes --no-fill-memory"; do
+    for v in "det:--deterministic --kv-writes false" "det-kv:--deterministic --kv-writes" "free:" "det-kv-nofill:--deterministic --kv-writes --no-fill-memory"; do
       name=${v%%:*}; timeout 300 $B ${v#*:} --out /tmp/detbench/$name > /tmp/detbench/$name.log 2>&1; echo "$name rc $?" >> /tmp/detbench/done
     done' > /dev/null 2>&1 < /dev/null &
   sleep 5; ls /tmp/detbench ;;

@@ -22,7 +22,7 @@ for n in 1 2 3; do  # the same seed's rollouts in every process; --repeats 4 kee
   wait; echo "mps$n" >> $R/done
 done
 echo quit | nvidia-cuda-mps-control
-for v in "det05:--deterministic" "detkv05:--deterministic --kv-writes" "free05:"; do
+for v in "det05:--deterministic --kv-writes false" "detkv05:--deterministic --kv-writes" "free05:"; do
   timeout 200 $G --config-dir bench/configs/qwen2.5-0.5b --new 64,320 ${v#*:} --out $R/${v%%:*} > $R/${v%%:*}.log 2>&1
   echo "${v%%:*} rc $?" >> $R/done
 done

@@ -17,7 +17,7 @@
 #   31 the runs' steps.jsonl and run.json read on the machine (micro-batch 1 row, checkpointing, basis -12.5 GiB);
 #   then more than 30 s passed before the next call and the machine was released, with the trial's rows on it (held
 #   920 s; docs/PERFORMANCE.md, "Seventh lease").
-# Second machine: none. Three later attempts (02:38, 02:50 and 03:02 UTC) were refused, at 90 s of device time each;
+# Second machine: none. Four later attempts (02:38, 02:50, 03:02 and 03:28 UTC) were refused, at 90 s of device time each;
 # probe.sh (its header: MPS at the 1.5B's decode shape, deterministic's cost at the 0.5B's) did not run.
 echo "a record; see the header" >&2
 exit 2

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
-from bench.grpo_step import true_false
+from bench.grpo_step import determinism_flags
 from bench.models import padded_tokenizer, random_qwen35
 from engine import generation
 from trainer.setup import apply_determinism
@@ -174,22 +174,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--profile", type=int, default=0, help="also profile one call of N new tokens (CUDA)")
     ap.add_argument("--block-v", type=int, help="the Triton decode kernel's tile width (default its BLOCK_V)")
     ap.add_argument("--num-warps", type=int, help="the Triton decode kernel's warps (default its NUM_WARPS)")
-    ap.add_argument("--deterministic", action="store_true", help="deterministic: true (apply_determinism)")
-    ap.add_argument(
-        "--no-fill-memory",
-        dest="deterministic_fill_memory",
-        action="store_false",
-        help="with --deterministic: deterministic_fill_memory false",
-    )
-    ap.add_argument(
-        "--kv-writes",
-        dest="deterministic_kv_writes",
-        type=true_false,
-        nargs="?",
-        const=True,
-        default=True,
-        help="with --deterministic: deterministic_kv_writes (engine/kv_writes.py; default true, as the trainer's)",
-    )
+    determinism_flags(ap)
     a = ap.parse_args(argv)
     apply_determinism(a)  # before any CUDA work, as trainer.train does
     a.p_ended, a.cap = 0.0, 1

@@ -59,6 +59,26 @@ def true_false(text: str) -> bool:
     return {"true": True, "false": False}[text.lower()]
 
 
+def determinism_flags(ap: argparse.ArgumentParser, note: str = "") -> None:
+    """The trainer's determinism switches as bench flags (trainer/setup.py apply_determinism reads them)."""
+    ap.add_argument("--deterministic", action="store_true", help=f"deterministic: true; {note}".rstrip("; "))
+    ap.add_argument(
+        "--no-fill-memory",
+        dest="deterministic_fill_memory",
+        action="store_false",
+        help="with --deterministic: deterministic_fill_memory false (no fill of new tensors' memory)",
+    )
+    ap.add_argument(
+        "--kv-writes",
+        dest="deterministic_kv_writes",
+        type=true_false,
+        nargs="?",
+        const=True,
+        default=True,
+        help="with --deterministic: deterministic_kv_writes (engine/kv_writes.py; default true, as the trainer's)",
+    )
+
+
 def parse(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="random-qwen35", help="'random-qwen35' or a checkpoint directory")
@@ -87,26 +107,7 @@ def parse(argv=None):
         action="store_true",
         help="ours: compile_gated_delta_terms (the chunk-parallel part of our rule compiled)",
     )
-    ap.add_argument(
-        "--deterministic",
-        action="store_true",
-        help="deterministic: true (trainer/setup.py apply_determinism); --compare-with --rtol 0 checks two runs",
-    )
-    ap.add_argument(
-        "--no-fill-memory",
-        dest="deterministic_fill_memory",
-        action="store_false",
-        help="with --deterministic: deterministic_fill_memory false (no fill of new tensors' memory)",
-    )
-    ap.add_argument(
-        "--kv-writes",
-        dest="deterministic_kv_writes",
-        type=true_false,
-        nargs="?",
-        const=True,
-        default=True,
-        help="with --deterministic: deterministic_kv_writes (engine/kv_writes.py; default true, as the trainer's)",
-    )
+    determinism_flags(ap, "--compare-with --rtol 0 checks two runs")
     ap.add_argument(
         "--compile-norms-mlp", action="store_true", help="ours: compile_norms_mlp (norms and MLPs compiled)"
     )

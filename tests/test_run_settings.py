@@ -35,10 +35,9 @@ class RecordingPool:
         return [Grade(Outcome.WRONG, None) for _ in completions]
 
 
-def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
-    """`python -m trainer.eval_checkpoints` builds its pool from run.json's config, as training built its own."""
-    tok, model = tiny_random_model()
-    snapshot = tmp_path / "tasks.json"
+def write_run(folder, **fields) -> None:
+    """A run.json `make eval` can evaluate (step 0 of a stand-in base) over TASKS, with `fields` on top."""
+    snapshot = folder / "tasks.json"
     write_snapshot(TASKS, snapshot)
     spec = EvalSpec(cap=4, temperature=1.0, top_p=1.0, seed=1, samples={FIXED: 1, HELDOUT: 1})
     run = {
@@ -46,10 +45,16 @@ def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
         "base_model": "unused: load_checkpoint is replaced",
         "eval_sets": {FIXED: ["t0"], HELDOUT: ["t1", "t2"]},
         "eval": spec.to_json(),
-        "grader_version": GRADER_VERSIONS["v2"],
-        "config": {"grader_workers": 3, "grader_timeout_s": 7.5, "grader_memory_mb": 3000},
+        **fields,
     }
-    (tmp_path / "run.json").write_text(json.dumps(run))
+    (folder / "run.json").write_text(json.dumps(run))
+
+
+def test_make_eval_grades_with_the_runs_grader_limits(tmp_path, monkeypatch):
+    """`python -m trainer.eval_checkpoints` builds its pool from run.json's config, as training built its own."""
+    tok, model = tiny_random_model()
+    write_run(tmp_path, grader_version=GRADER_VERSIONS["v2"],
+              config={"grader_workers": 3, "grader_timeout_s": 7.5, "grader_memory_mb": 3000})  # fmt: skip
     monkeypatch.setattr(eval_checkpoints, "GraderPool", RecordingPool)
     monkeypatch.setattr(eval_checkpoints, "load_checkpoint", lambda path, device: (model.float(), tok))
     RecordingPool.built.clear()
@@ -169,17 +174,7 @@ def test_make_eval_generates_under_the_runs_determinism(deterministic, tmp_path,
     from engine import kv_writes
 
     tok, model = tiny_random_model()
-    snapshot = tmp_path / "tasks.json"
-    write_snapshot(TASKS, snapshot)
-    spec = EvalSpec(cap=4, temperature=1.0, top_p=1.0, seed=1, samples={FIXED: 1, HELDOUT: 1})
-    run = {
-        "snapshot": {"path": str(snapshot), "sha256": snapshot_sha256(snapshot)},
-        "base_model": "unused: load_checkpoint is replaced",
-        "eval_sets": {FIXED: ["t0"], HELDOUT: ["t1", "t2"]},
-        "eval": spec.to_json(),
-        "config": {"deterministic": deterministic, "deterministic_kv_writes": True},
-    }
-    (tmp_path / "run.json").write_text(json.dumps(run))
+    write_run(tmp_path, config={"deterministic": deterministic, "deterministic_kv_writes": True})
     seen = []
 
     def load(path, device):

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--seeds", default=None, help="train: only these of the plan's seeds, e.g. 3,4,5 (a launch's share)"
     )
+    ap.add_argument(
+        "--arms", default=None, help="train: only these of the plan's arms, e.g. S2 (a run alone)"
+    )
     ap.add_argument("--detach", action="store_true", help="train: in a session of its own, returning at once")
     ap.add_argument("--for-s", type=float, default=540.0, help="watch: seconds to follow at most")
     ap.add_argument(
@@ -130,9 +133,9 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     from launch.runs import train
 
     seeds = None if args.seeds is None else _seeds(args.seeds)
-    return train(
-        plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus, args.caches
-    )
+    arms = None if args.arms is None else args.arms.split(",")
+    return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus,
+                 args.caches, arms)  # fmt: skip
 
 
 def _seeds(text: str) -> list[int]:

@@ -82,11 +82,13 @@ def cache_env(work: Path) -> dict[str, str]:
 
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
           parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None,
-          caches: Path | None = None) -> int:  # fmt: skip
+          caches: Path | None = None, arms: list[str] | None = None) -> int:  # fmt: skip
     """Start or resume every unfinished run until all are finished or the budget is spent, then pack; 1 where a
     run failed (each named with its log), else 0."""
     if seeds is not None and (plan.seeds is None or not set(seeds) <= set(plan.seeds)):
         raise LaunchError(f"--seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}")
+    if arms is not None and not set(arms) <= set(plan.arms):
+        raise LaunchError(f"--arms {','.join(arms)}: not among {plan.path}'s arms {', '.join(plan.arms)}")
     if plan.status == "draft" and not smoke:
         raise LaunchError(f"{plan.path}: status draft; the lead commits the final plan before any run")
     t0 = time.perf_counter()
@@ -102,7 +104,7 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     # a seed's pair together: seed-major order
     order = [(name, arm, seed) for i in range(len(plan.runs(plan.arms[0]))) for arm in plan.arms
              for name, seed in [plan.runs(arm)[i]]]  # fmt: skip
-    order = [(n, a, s) for n, a, s in order if seeds is None or s in seeds]
+    order = [(n, a, s) for n, a, s in order if (seeds is None or s in seeds) and (arms is None or a in arms)]
     for name, _, _ in order:  # refused before anything starts: a run folder is resumed, or new and empty
         run = run_dir(work, name)
         if run.is_dir() and any(run.iterdir()) and not (run / "run.json").is_file():

@@ -127,6 +127,29 @@ def test_arms_or_seeds_that_repeat_are_refused_before_anything_starts(edit, says
     assert started["procs"] == [] and not work.exists()
 
 
+def test_train_runs_only_the_arms_asked_and_refuses_an_arm_not_in_the_plan(started, tmp_path, capsys):
+    work = tmp_path / "w"
+    argv = [
+        str(PLAN),
+        "train",
+        "--work",
+        str(work),
+        "--out",
+        str(tmp_path / "o"),
+        "--seeds",
+        "3",
+        "--arms",
+        "S2",
+    ]
+    assert launch_main(argv) == 0
+    assert [(flag(c, "--arm"), flag(c, "--seed")) for c in (p.cmd for p in started["procs"])] == [("S2", "3")]
+    assert launch_main([*argv[:-1], "S1"]) == 1
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == f"error: --arms S1: not among {PLAN}'s arms S0, S2"
+    )
+
+
 def test_train_raises_and_never_exits(started, tmp_path):
     with pytest.raises(LaunchError, match="--seeds \\[7\\]: not among"):
         runs.train(load(PLAN), tmp_path / "w", tmp_path / "o", smoke=False, seeds=[7])

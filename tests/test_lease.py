@@ -277,3 +277,57 @@ def test_the_15b_trial_figures_recompute_from_its_rows():
     assert round(rows[-1]["seconds"]["eval"]) == 14
     reserved = [r["gpu_memory"]["peak_reserved_gib"] for r in rows]
     assert round(min(reserved)) == 57 and round(max(reserved)) == 72
+
+
+def test_the_third_15b_trial_figures_and_its_run_alone_recompute_from_their_rows():
+    """docs/PERFORMANCE.md's eighth lease and the 1.5B plan's lease figure: plan-throughput3.yaml's two pairs (two
+    runs at a time, each sized for 0.45 of the GPU, under MPS), and S2-s913 run again alone, bitwise the same."""
+    import statistics
+
+    from bench.resume_check import compare
+    from rundir.files import read_jsonl
+
+    lease = ROOT / "docs/performance/h200-2026-12-05b"
+    g = figures(lease / "throughput3")
+    assert (g["run_steps"], g["runs"], g["runs_going_max"]) == (40, 4, 2)
+    assert round(g["lease_s_per_run_step"], 1) == 33.6 and round(g["sampled_per_trained_group"], 2) == 2.65
+    rows = [r for run in ("S0-s913", "S2-s913", "S0-s914", "S2-s914")
+            for r in read_jsonl(lease / f"throughput3/qwen15-{run}/results/steps.jsonl")]  # fmt: skip
+    later = [r["seconds"] for r in rows if r["step"] > 1]  # step 1 compiles the rollout call
+    wall = [sum(v for k, v in s.items() if k not in ("eval", "grade_lost")) for s in later]
+    assert (
+        round(statistics.median(wall), 1) == 7.3
+        and round(statistics.median(s["generate"] for s in later), 1) == 5.4
+    )
+    assert round(statistics.median(s["train"] for s in later), 1) == 1.3
+    assert [round(r["seconds"]["eval"]) for r in rows if r["seconds"]["eval"]] == [127, 122, 130, 115]
+    timeline = read_jsonl(lease / "throughput3/timeline.jsonl")
+    first_row = next(e["t"] for e in timeline if e["event"] == "step")
+    assert (
+        round(first_row - timeline[0]["t"]) == 195
+    )  # the leader alone: step 0 with the extra sets, then step 1
+    found = compare(lease / "throughput3/qwen15-S2-s913", lease / "alone/qwen15-S2-s913", None)
+    assert found["rows_identical"] and found["eval_rows_identical"] and found["eval_files"] == 6
+    assert json.loads((lease / "compare-S2.json").read_text())["rows_identical"]  # what the GPU machine found
+
+
+def test_the_mps_probe_at_the_15b_decode_shape_recomputes_from_its_json():
+    """docs/PERFORMANCE.md's lever 4 at the 1.5B's decode shape (batch 128, fp32, deterministic, position writes):
+    two processes under MPS make 1.05x one process's tokens, two time-sliced 0.94x, from the median timed call."""
+    import statistics
+
+    def step_ms(name):  # the median of each length's timed calls (the first of each warms up)
+        s = json.loads((ROOT / f"docs/performance/h200-2026-12-05b/probe-{name}.json").read_text())[
+            "compiled"
+        ]
+        calls = s["seconds"]
+        return 1e3 * (statistics.median(calls["384"][1:]) - statistics.median(calls["64"][1:])) / 320
+
+    one = step_ms("one-1")
+    mps, sliced = [step_ms(f"mps2-{i}") for i in (1, 2)], [step_ms(f"slice2-{i}") for i in (1, 2)]
+    assert (
+        round(one, 2) == 6.14
+        and [round(x, 1) for x in mps] == [11.6, 11.7]
+        and [round(x, 1) for x in sliced] == [13.0, 13.2]
+    )
+    assert round(sum(one / x for x in mps), 2) == 1.05 and round(sum(one / x for x in sliced), 2) == 0.94

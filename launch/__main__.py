@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--arms", default=None, help="train: only these of the plan's arms, e.g. S2 (a run alone)"
     )
+    ap.add_argument(
+        "--step0-from",
+        type=Path,
+        default=None,
+        help="train: every new run copies these step-0 rows (an earlier lease's)",
+    )
     ap.add_argument("--detach", action="store_true", help="train: in a session of its own, returning at once")
     ap.add_argument("--for-s", type=float, default=540.0, help="watch: seconds to follow at most")
     ap.add_argument(
@@ -135,7 +141,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     seeds = None if args.seeds is None else _seeds(args.seeds)
     arms = None if args.arms is None else args.arms.split(",")
     return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus,
-                 args.caches, arms)  # fmt: skip
+                 args.caches, arms, args.step0_from)  # fmt: skip
 
 
 def _seeds(text: str) -> list[int]:

@@ -82,13 +82,22 @@ def cache_env(work: Path) -> dict[str, str]:
 
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
           parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None,
-          caches: Path | None = None, arms: list[str] | None = None) -> int:  # fmt: skip
+          caches: Path | None = None, arms: list[str] | None = None,
+          step0_from: Path | None = None) -> int:  # fmt: skip
     """Start or resume every unfinished run until all are finished or the budget is spent, then pack; 1 where a
-    run failed (each named with its log), else 0."""
+    run failed (each named with its log), else 0. `step0_from`: an earlier lease's step-0 rows of the same plan,
+    copied by every new run (each trainer checks they are its own) instead of evaluating the base again."""
     if seeds is not None and (plan.seeds is None or not set(seeds) <= set(plan.seeds)):
         raise LaunchError(f"--seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}")
     if arms is not None and not set(arms) <= set(plan.arms):
         raise LaunchError(f"--arms {','.join(arms)}: not among {plan.path}'s arms {', '.join(plan.arms)}")
+    step0_from = (
+        None if step0_from is None else Path(step0_from).resolve()
+    )  # the trainers run from the repo root
+    if step0_from is not None and not step0_from.is_file():
+        raise LaunchError(
+            f"--step0-from {step0_from}: no such file (an earlier run's results/eval_step000.jsonl)"
+        )
     if plan.status == "draft" and not smoke:
         raise LaunchError(f"{plan.path}: status draft; the lead commits the final plan before any run")
     t0 = time.perf_counter()
@@ -132,7 +141,11 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
 
     def start(gpu: Gpu) -> None:
         run, arm, seed = gpu.queue.pop(0)
-        shared = shared_step0(work) if b.get("share_step0") and not (run / "run.json").is_file() else None
+        shared = (
+            None
+            if (run / "run.json").is_file()
+            else step0_from or (shared_step0(work) if b.get("share_step0") else None)
+        )
         cmd = argv(run_settings(plan, base, run, arm, seed, smoke, parallel, shared))
         # nvidia-smi's numbering (PCI order), which `fitting` reads the GPU's memory by
         where = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": gpu.device} if gpu.device else {}

@@ -150,6 +150,35 @@ def test_train_runs_only_the_arms_asked_and_refuses_an_arm_not_in_the_plan(start
     )
 
 
+def test_every_new_run_copies_an_earlier_leases_step0_rows_when_given_and_a_missing_file_is_refused(
+    started, tmp_path, capsys
+):
+    rows = tmp_path / "lease1/S0-s0/results/eval_step000.jsonl"
+    work, out = tmp_path / "w", tmp_path / "o"
+    argv = [
+        str(PLAN),
+        "train",
+        "--work",
+        str(work),
+        "--out",
+        str(out),
+        "--seeds",
+        "1,2",
+        "--step0-from",
+        str(rows),
+    ]
+    assert launch_main(argv) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"error: --step0-from {rows}: no such file (an earlier run's results/eval_step000.jsonl)"
+    ]
+    assert started["procs"] == [] and not work.exists()
+    rows.parent.mkdir(parents=True)
+    rows.write_text("")  # each trainer checks the rows against its own run (trainer/eval_callback.py)
+    assert launch_main(argv) == 0
+    cmds = [p.cmd for p in started["procs"]]
+    assert len(cmds) == 4 and {flag(c, "--step0_eval_from") for c in cmds} == {str(rows)}
+
+
 def test_train_raises_and_never_exits(started, tmp_path):
     with pytest.raises(LaunchError, match="--seeds \\[7\\]: not among"):
         runs.train(load(PLAN), tmp_path / "w", tmp_path / "o", smoke=False, seeds=[7])

@@ -14,11 +14,15 @@
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels
 #   receive K         every q15 part but the last
-#   start LAST SEEDS BUDGET   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
+#   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
 #                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
 #                     pack. The plan projects ~440 s a pair and 2 whole pairs in a first lease (PLAN.md); a pair
 #                     that does not reach step 30 is left out and rerun with the next unused seed from 100
 #                     (deviation rule 4)
+#                     A later lease adds STEP0, a committed launch folder (e.g. docs/experiment-qwen15/launch1): its
+#                     first run's step-0 rows are unpacked and every run copies them (`train --step0-from`; each
+#                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays
+#                     /tmp/q15x in every lease), saving the leader's ~150 s of step 0
 #   watch [S]         until the launcher ends;   pack   the rows into $OUT
 # Afterwards, here: `make launch PLAN=docs/experiment-qwen15/plan.yaml STAGE=unpack` into docs/experiment-qwen15/launchN
 # with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json).
@@ -36,10 +40,14 @@ begin)
   python3 -m pip install -q --no-index --no-deps /tmp/cw/*.whl > $OUT/wheels.log 2>&1 || { cat $OUT/wheels.log; exit 1; } ;;
 receive)  # receive K
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) ;;
-start)  # start LAST SEEDS BUDGET
+start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
-  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 --detach
+  S0=(); if [ -n "${5:-}" ]; then
+    python3 -m rundir.archive unpack $5 /tmp/step0src > /dev/null || exit 1
+    S0=(--step0-from $(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1))
+  fi
+  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" --detach
   sleep 20; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
 watch)  # watch [S]
   python3 -m launch $PLAN watch --work $W --for-s ${2:-$(left)}

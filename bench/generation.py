@@ -52,7 +52,8 @@ def floor(model, batch: int, prompt: int, new: tuple[int, int], bandwidth: float
         state = linear * 2 * (recurrent + conv)  # read and written
     mean_pos = prompt + (new[0] + new[1]) / 2
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    kv = full * batch * text.num_key_value_heads * head_dim * 2 * 2 * (mean_pos + 1)  # bf16 K/V
+    # K and V in the model's dtype (a float32 model's cache is float32), up to the mean position
+    kv = full * batch * text.num_key_value_heads * head_dim * 2 * embed.element_size() * (mean_pos + 1)
     logits = batch * text.vocab_size * 2
     total = weights + state + kv + logits
     matmul = (
@@ -142,13 +143,13 @@ def profile(model, prompts, config, shapes, pad: int, new: int) -> dict:
     return result
 
 
-def config_model(directory: Path, seed: int, device: torch.device):
-    """A seeded random-init model of `directory`'s config.json in float32, and its pad id."""
+def config_model(directory: Path, seed: int, device: torch.device, dtype: torch.dtype = torch.float32):
+    """A seeded random-init model of `directory`'s config.json in `dtype`, and its pad id."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(directory)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
     pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
     return model, pad
 
@@ -160,6 +161,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--intermediate", type=int, default=6144)
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--config-dir", type=Path, help="a random-init model of this config.json instead")
+    # float32: the rollouts' dtype (the policy's float32 masters on TF32 cores); bfloat16: the evaluation's copy,
+    # or rollouts from a bf16 copy of the policy
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--prompt", type=int, default=64)
     ap.add_argument("--new", default="64,192", help="N1,N2 new tokens")
@@ -185,12 +189,13 @@ def main(argv=None) -> dict:
         gated_delta_kernel.NUM_WARPS = a.num_warps or gated_delta_kernel.NUM_WARPS
     new = tuple(int(x) for x in a.new.split(","))
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke run
+    dtype = getattr(torch, a.dtype)
     if a.config_dir:
-        model, pad = config_model(a.config_dir, a.seed, device)
+        model, pad = config_model(a.config_dir, a.seed, device, dtype)
         a.vocab = model.config.vocab_size
     else:
         tok = padded_tokenizer(a.vocab)
-        model, pad = random_qwen35(a, tok, device).eval(), tok.pad_token_id
+        model, pad = random_qwen35(a, tok, device).to(dtype).eval(), tok.pad_token_id
     g = torch.Generator().manual_seed(a.seed)
     prompts = torch.randint(10, min(1000, a.vocab), (a.batch, a.prompt), generator=g).tolist()
     result = {

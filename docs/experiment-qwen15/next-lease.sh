@@ -12,7 +12,8 @@
 #   python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
 #     artifacts/real/math500.jsonl --name q15        # ~26 calls
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
-#   begin             starts the machine; the wheels
+#   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
+#                     (docs/performance/probe-bf16.sh; the start call stops it if it has not ended)
 #   receive K         every q15 part but the last
 #   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
 #                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
@@ -37,12 +38,18 @@ case ${1:-} in
 begin)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 tools/carry.py receive .carry/whl/call01 && python3 tools/carry.py join whl --out /tmp/cw > $OUT/joinw.log 2>&1 || { cat $OUT/joinw.log; exit 1; }
-  python3 -m pip install -q --no-index --no-deps /tmp/cw/*.whl > $OUT/wheels.log 2>&1 || { cat $OUT/wheels.log; exit 1; } ;;
+  python3 -m pip install -q --no-index --no-deps /tmp/cw/*.whl > $OUT/wheels.log 2>&1 || { cat $OUT/wheels.log; exit 1; }
+  mkdir -p /tmp/probe/repo && tar --exclude=./.carry -cf - . | tar -xf - -C /tmp/probe/repo
+  (cd /tmp/probe/repo && PYTHONPATH=/tmp/probe/repo setsid bash docs/performance/probe-bf16.sh > /tmp/probe/probe.log 2>&1 < /dev/null &) ;;
 receive)  # receive K
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) ;;
 start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
+  for _ in $(seq 60); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
+  cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
+  mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
+  cp /tmp/probe/*.log /tmp/pj/ 2>/dev/null; tar -C /tmp/pj -czf $OUT/probe-bf16.tar.gz .
   S0=(); if [ -n "${5:-}" ]; then
     python3 -m rundir.archive unpack $5 /tmp/step0src > /dev/null || exit 1
     S0=(--step0-from $(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1))

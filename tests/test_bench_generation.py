@@ -17,7 +17,18 @@ TINY = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_si
 @pytest.mark.parametrize("dtype, size", [("float32", 4), ("bfloat16", 2)])
 def test_the_bench_builds_its_model_in_the_dtype_asked_and_counts_the_cache_in_it(dtype, size, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(TINY))
-    args = ["--config-dir", str(tmp_path), "--batch", "2", "--prompt", "8", "--new", "2,4", "--backends", "eager"]
+    args = [
+        "--config-dir",
+        str(tmp_path),
+        "--batch",
+        "2",
+        "--prompt",
+        "8",
+        "--new",
+        "2,4",
+        "--backends",
+        "eager",
+    ]
     result = bench.main([*args, "--dtype", dtype, "--out", str(tmp_path / "out")])
     assert result["args"]["dtype"] == dtype
     model, _ = bench.config_model(tmp_path, 0, torch.device("cpu"), getattr(torch, dtype))

@@ -39,10 +39,12 @@ def _steps(run: Path) -> list[dict]:
 
 
 class Launch:
-    """One launch's run folders as the plan names them."""
+    """One launch's run folders as the plan names them; or the runs of several launches pooled (`where` a list:
+    the leases of one experiment, each adding seed pairs), each run in exactly one of them."""
 
-    def __init__(self, plan: Plan, where: Path):
-        self.plan, self.where = plan, where
+    def __init__(self, plan: Plan, where: Path | list[Path]):
+        self.folders = list(where) if isinstance(where, list) else [where]
+        self.plan, self.where = plan, self.folders[0]
         self.arms = plan.arms
         self.seeds = plan.seeds if plan.seeds is not None else (None,)
         self.set = plan.primary["set"]
@@ -53,7 +55,12 @@ class Launch:
             if seed is None
             else self.plan.run_name.format(arm=arm, seed=seed)
         )
-        return self.where / name
+        found = [f / name for f in self.folders if archive.exists(f / name / "run.json")]
+        if len(found) > 1:  # a seed runs in one lease; a pair a lease left out is rerun under a new seed
+            raise LaunchError(
+                f"{name}: in {' and '.join(str(f.parent) for f in found)}; a run belongs to one launch"
+            )
+        return found[0] if found else self.where / name
 
     def failed(self, run: Path) -> bool:
         """A run whose training applied a non-finite gradient (its weights went NaN); a step whose update was
@@ -499,8 +506,11 @@ def trajectory(lx: Launch, fixed: str, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lease(lx: Launch, launches: list[str]) -> str:
-    """The lease figures of these launch folders (under the plan's results) side by side (launch/lease.py)."""
+def lease(lx: Launch, launches: list[str] | str) -> str:
+    """The lease figures of these launch folders (under the plan's results; a pattern such as "launch*": every
+    matching folder, in name order) side by side (launch/lease.py)."""
+    if isinstance(launches, str):
+        launches = sorted(p.name for p in lx.where.glob(launches) if p.is_dir())
     return lease_table({name: lx.where / name for name in launches})
 
 
@@ -508,7 +518,11 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
     spec = dict(spec)
     kind, heading, level = spec.pop("kind"), spec.pop("heading", None), spec.pop("level", 3)
     body_level = spec.pop("body_level", 3)  # of the headings a section writes itself (primary's)
-    lx = Launch(plan, where / spec.pop("launch", "."))
+    launch = spec.pop("launch", ".")  # a pattern ("launch*") pools the matching launch folders
+    pooled = sorted(p for p in where.glob(launch) if p.is_dir()) if any(c in launch for c in "*?[") else None
+    if pooled == []:
+        raise LaunchError(f"{where}: no launch folder matches {launch!r}")
+    lx = Launch(plan, pooled if pooled is not None else where / launch)
     fixed = next((s for s in plan.eval["sets"] if s != plan.primary["set"]), plan.primary["set"])
     against = Launch(plan, where / spec.pop("against")) if "against" in spec else None
     sections = {

@@ -67,15 +67,21 @@ def test_the_second_throughput_trial_starts_its_runs_as_the_experiment_would(tmp
 
 
 def test_the_final_training_design_is_what_the_trial_measured():
-    """plan.yaml's training design, final since the lease figure (2026-12-05): 16 pairs below the rerun seeds (100
-    up), 30 deterministic steps, every extra evaluation read by a registered secondary at its cap, and the budget
+    """plan.yaml's training design, final since the lease figure (2026-12-05): 16 pairs and, by amendment 1, the
+    rerun seeds 100-115, 30 deterministic steps, every extra evaluation read by a registered secondary at its cap, and the budget
     and run_args of plan-throughput3.yaml, whose rows gave the lease figure (its extra evaluations at its own last
     step); plan-throughput3 differs from the second trial only in seeds and budget, and PLAN.md states the figure
     as the trial's rows give it (tests/test_lease.py recomputes it)."""
     from launch.lease import figures
 
     trial = load(DOCS / "plan-throughput3.yaml")
-    assert PLAN.status == "final" and PLAN.seeds == tuple(range(16)) and PLAN.steps == 30
+    assert PLAN.status == "final" and PLAN.seeds[:16] == tuple(range(16)) and PLAN.steps == 30
+    assert PLAN.seeds[16:] == tuple(
+        range(100, 116)
+    )  # amendment 1: the rerun seeds of deviation rule 4, listed
+    assert (
+        PLAN.primary["min_step"] == PLAN.steps
+    )  # rule 4: a pair short of step 30 is left out, no fallback step
     gpu = PLAN.run_args["gpu"]
     assert gpu["deterministic"] and gpu["extra_eval_steps"] == [0, PLAN.steps]
     assert {f"{s['set']}@{s['cap']}" for s in PLAN.secondaries if "cap" in s} == set(gpu["extra_evals"])

@@ -105,3 +105,29 @@ def test_the_lead_split_and_finished_accuracy_recompute_issue_62s_outside_figure
     assert "| both finished | +6.7, -5.3, -9.0 | -2.6 |" in split
     table = finished_accuracy(lx).splitlines()
     assert table[2].startswith("| 0 | 26.1 / 26.1 |") and table[-1].startswith("| 20 | 26.1 / 21.9 |")
+
+
+def test_a_pooled_report_over_several_launch_folders_reads_as_one_and_refuses_a_run_in_two(tmp_path):
+    """Issue 62's pairs come from several leases, one launch folder each (docs/experiment-qwen15/PLAN.md): a section
+    whose `launch` is a pattern pools the matching folders. Launch 1 of the 0.5B split by seed into two folders gives
+    the same primary and decomposition as launch 1 whole; a run found in two folders is refused by name."""
+    import shutil
+
+    from launch.report import section
+    from rundir.archive import unpack
+
+    whole = unpack(DOCS / "launch1", tmp_path / "whole")
+    pooled = tmp_path / "pooled"
+    for run in sorted(whole.glob("qwen05-*-s*")):
+        if run.is_dir():
+            lease = "launch1" if int(run.name.rsplit("-s", 1)[1]) < 2 else "launch2"
+            shutil.copytree(run, pooled / lease / run.name)
+    for spec in ({"kind": "primary"}, {"kind": "decomposition"}, {"kind": "lead_split"}):
+        assert section(PLAN, pooled, {**spec, "launch": "launch*"}) == section(PLAN, whole, dict(spec))
+    shutil.copytree(pooled / "launch1/qwen05-S0-s0", pooled / "launch2/qwen05-S0-s0")
+    with pytest.raises(
+        LaunchError, match="qwen05-S0-s0: in .*launch1 and .*launch2; a run belongs to one launch"
+    ):
+        section(PLAN, pooled, {"kind": "primary", "launch": "launch*"})
+    with pytest.raises(LaunchError, match="no launch folder matches 'lease\\*'"):
+        section(PLAN, pooled, {"kind": "primary", "launch": "lease*"})

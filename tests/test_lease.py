@@ -331,3 +331,28 @@ def test_the_mps_probe_at_the_15b_decode_shape_recomputes_from_its_json():
         and [round(x, 1) for x in sliced] == [13.0, 13.2]
     )
     assert round(sum(one / x for x in mps), 2) == 1.05 and round(sum(one / x for x in sliced), 2) == 0.94
+
+
+def test_a_later_lease_copies_an_earlier_leases_step_0_rows(tmp_path):
+    """`train --step0-from` (issue 62's leases after the first): runs of a new launch in the same work folder copy
+    the step-0 rows an earlier launch's run evaluated, byte for byte, and say so in run.json; the trainers check
+    the rows against their own run first (trainer/eval_callback.py shared_step0_rows)."""
+    import shutil
+
+    import yaml
+
+    raw = yaml.safe_load((ROOT / "docs/experiment-real/plan.yaml").read_text())
+    raw["eval"].update(steps=[0, 1])  # the SmolLM2 plan (its snapshot is made by CI's make real-base)
+    plan, work, earlier = tmp_path / "plan.yaml", tmp_path / "w", tmp_path / "lease1"
+    plan.write_text(yaml.safe_dump(raw))
+    assert launch_main([str(plan), "base", "--smoke", "--work", str(work), "--out", str(tmp_path / "o")]) == 0
+    train = [str(plan), "train", "--smoke", "--work", str(work), "--out", str(tmp_path / "o")]
+    assert launch_main([*train, "--seeds", "0"]) == 0
+    # what a lease keeps: its rows, elsewhere; the next lease's work folder is the same path
+    shutil.move(work / "runs", earlier)
+    rows = earlier / "smollm2-S0-s0/results/eval_step000.jsonl"
+    assert launch_main([*train, "--seeds", "1", "--step0-from", str(rows)]) == 0
+    for arm in ("S0", "S2"):
+        run = work / f"runs/smollm2-{arm}-s1"
+        assert json.loads((run / "run.json").read_text())["config"]["step0_eval_from"] == str(rows)
+        assert (run / "results/eval_step000.jsonl").read_bytes() == rows.read_bytes()

@@ -506,12 +506,21 @@ def trajectory(lx: Launch, fixed: str, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def launch_folders(where: Path, pattern: str) -> list[Path]:
+    """The launch folders under `where` that `pattern` ("launch*") matches, in name order; none is refused."""
+    folders = sorted(p for p in where.glob(pattern) if p.is_dir())
+    if not folders:
+        raise LaunchError(f"{where}: no launch folder matches {pattern!r}")
+    return folders
+
+
 def lease(lx: Launch, launches: list[str] | str) -> str:
     """The lease figures of these launch folders (under the plan's results; a pattern such as "launch*": every
     matching folder, in name order) side by side (launch/lease.py)."""
-    if isinstance(launches, str):
-        launches = sorted(p.name for p in lx.where.glob(launches) if p.is_dir())
-    return lease_table({name: lx.where / name for name in launches})
+    folders = (
+        launch_folders(lx.where, launches) if isinstance(launches, str) else [lx.where / n for n in launches]
+    )
+    return lease_table({f.name: f for f in folders})
 
 
 def section(plan: Plan, where: Path, spec: dict) -> str:
@@ -519,10 +528,7 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
     kind, heading, level = spec.pop("kind"), spec.pop("heading", None), spec.pop("level", 3)
     body_level = spec.pop("body_level", 3)  # of the headings a section writes itself (primary's)
     launch = spec.pop("launch", ".")  # a pattern ("launch*") pools the matching launch folders
-    pooled = sorted(p for p in where.glob(launch) if p.is_dir()) if any(c in launch for c in "*?[") else None
-    if pooled == []:
-        raise LaunchError(f"{where}: no launch folder matches {launch!r}")
-    lx = Launch(plan, pooled if pooled is not None else where / launch)
+    lx = Launch(plan, launch_folders(where, launch) if any(c in launch for c in "*?[") else where / launch)
     fixed = next((s for s in plan.eval["sets"] if s != plan.primary["set"]), plan.primary["set"])
     against = Launch(plan, where / spec.pop("against")) if "against" in spec else None
     sections = {

@@ -91,10 +91,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         raise LaunchError(f"--seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}")
     if arms is not None and not set(arms) <= set(plan.arms):
         raise LaunchError(f"--arms {','.join(arms)}: not among {plan.path}'s arms {', '.join(plan.arms)}")
-    step0_from = (
-        None if step0_from is None else Path(step0_from).resolve()
-    )  # the trainers run from the repo root
-    if step0_from is not None and not step0_from.is_file():
+    step0_from = step0_from and Path(step0_from).resolve()  # the trainers run from the repo root
+    if step0_from and not step0_from.is_file():
         raise LaunchError(
             f"--step0-from {step0_from}: no such file (an earlier run's results/eval_step000.jsonl)"
         )

@@ -127,20 +127,13 @@ def test_arms_or_seeds_that_repeat_are_refused_before_anything_starts(edit, says
     assert started["procs"] == [] and not work.exists()
 
 
+def train_argv(tmp_path, *extra):
+    """`python -m launch <embedded plan> train` into tmp_path's w/ and o/, with `extra` options."""
+    return [str(PLAN), "train", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o"), *extra]
+
+
 def test_train_runs_only_the_arms_asked_and_refuses_an_arm_not_in_the_plan(started, tmp_path, capsys):
-    work = tmp_path / "w"
-    argv = [
-        str(PLAN),
-        "train",
-        "--work",
-        str(work),
-        "--out",
-        str(tmp_path / "o"),
-        "--seeds",
-        "3",
-        "--arms",
-        "S2",
-    ]
+    argv = train_argv(tmp_path, "--seeds", "3", "--arms", "S2")
     assert launch_main(argv) == 0
     assert [(flag(c, "--arm"), flag(c, "--seed")) for c in (p.cmd for p in started["procs"])] == [("S2", "3")]
     assert launch_main([*argv[:-1], "S1"]) == 1
@@ -154,19 +147,8 @@ def test_every_new_run_copies_an_earlier_leases_step0_rows_when_given_and_a_miss
     started, tmp_path, capsys
 ):
     rows = tmp_path / "lease1/S0-s0/results/eval_step000.jsonl"
-    work, out = tmp_path / "w", tmp_path / "o"
-    argv = [
-        str(PLAN),
-        "train",
-        "--work",
-        str(work),
-        "--out",
-        str(out),
-        "--seeds",
-        "1,2",
-        "--step0-from",
-        str(rows),
-    ]
+    work = tmp_path / "w"
+    argv = train_argv(tmp_path, "--seeds", "1,2", "--step0-from", str(rows))
     assert launch_main(argv) == 1
     assert capsys.readouterr().err.strip().splitlines() == [
         f"error: --step0-from {rows}: no such file (an earlier run's results/eval_step000.jsonl)"

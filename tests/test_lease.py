@@ -306,6 +306,11 @@ def test_the_third_15b_trial_figures_and_its_run_alone_recompute_from_their_rows
     assert (
         round(first_row - timeline[0]["t"]) == 195
     )  # the leader alone: step 0 with the extra sets, then step 1
+    alone = read_jsonl(lease / "alone/qwen15-S2-s913/results/steps.jsonl")  # the same run by itself
+    alone_wall = [
+        sum(v for k, v in r["seconds"].items() if k not in ("eval", "grade_lost")) for r in alone[1:]
+    ]
+    assert round(statistics.median(alone_wall), 1) == 6.8 and round(alone[-1]["seconds"]["eval"]) == 91
     found = compare(lease / "throughput3/qwen15-S2-s913", lease / "alone/qwen15-S2-s913", None)
     assert found["rows_identical"] and found["eval_rows_identical"] and found["eval_files"] == 6
     assert json.loads((lease / "compare-S2.json").read_text())["rows_identical"]  # what the GPU machine found

@@ -129,5 +129,7 @@ def test_a_pooled_report_over_several_launch_folders_reads_as_one_and_refuses_a_
         LaunchError, match="qwen05-S0-s0: in .*launch1 and .*launch2; a run belongs to one launch"
     ):
         section(PLAN, pooled, {"kind": "primary", "launch": "launch*"})
+    lease = section(PLAN, DOCS, {"kind": "lease", "launches": "launch*"})  # every lease's row, in name order
+    assert lease == section(PLAN, DOCS, {"kind": "lease", "launches": ["launch1", "launch2"]})
     with pytest.raises(LaunchError, match="no launch folder matches 'lease\\*'"):
         section(PLAN, pooled, {"kind": "primary", "launch": "lease*"})

@@ -1,6 +1,6 @@
 """What comes back from a launch: `pack` writes what the repository keeps of the work folder (run.json, steps.jsonl,
 eval rows, cards, the runs' and GPUs' logs, base report; never weights, optimizer state or snapshots) into
-<out>/<plan name>.tar.gz, `unpack` writes it into a new docs folder; and the compile caches carried from one lease
+<out>/<plan name>.tar.xz, `unpack` writes it into a new docs folder; and the compile caches carried from one lease
 to the next with their key (`pack --with-caches`, `train --caches`)."""
 
 import io
@@ -17,10 +17,12 @@ BASE_KEPT = ("base_manifest.json", "tiny_base.json", "base_report.json")
 
 def pack(plan: Plan, work: Path, out: Path) -> Path:
     """What the repository keeps, the runs' and GPUs' logs included: never weights, optimizer state, snapshots or
-    converted bases."""
+    converted bases. xz, not gzip: a file from $OUT may be 16 MiB, and a 1.5B lease's rows are ~8 MiB plain a run,
+    mostly completions that repeat across runs (the shared step-0 rows): the 4 runs of plan-throughput3.yaml took
+    4.5 MB gzipped, 1.1 MB in xz, so a lease of 8 such runs would come near the limit in gzip and not in xz."""
     out.mkdir(parents=True, exist_ok=True)
-    archive = out / f"{plan.name}.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
+    archive = out / f"{plan.name}.tar.xz"
+    with tarfile.open(archive, "w:xz", preset=6) as tar:
         for path in sorted(work.rglob("*")):
             rel = path.relative_to(work).as_posix()
             if not path.is_file() or out.resolve() in path.resolve().parents or path.suffix == ".safetensors":
@@ -31,7 +33,12 @@ def pack(plan: Plan, work: Path, out: Path) -> Path:
                 continue  # a converted or built base: its manifest and report only
             if rel.endswith(".tasks.json") or "tfevents" in rel:
                 continue
-            tar.add(path, arcname=f"{plan.name}/{rel}")
+            data = (
+                path.read_bytes()
+            )  # read once: a run still writing (a watch call's pack) cannot cut a member short
+            info = tar.gettarinfo(path, arcname=f"{plan.name}/{rel}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     print(f"packed {archive} ({archive.stat().st_size / 2**20:.1f} MiB)", flush=True)
     return archive
 

@@ -147,7 +147,7 @@ def test_smoke_run_trains_both_arms_resumably_and_packs_without_weights(tmp_path
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert len(list(out.iterdir())) <= 8  # what the device machine returns
-    with tarfile.open(out / "h200.tar.gz") as tar:
+    with tarfile.open(out / "h200.tar.xz") as tar:
         names = tar.getnames()
         steps = {
             arm: [json.loads(x) for x in tar.extractfile(f"h200/runs/{arm}/results/steps.jsonl")]

@@ -216,7 +216,7 @@ def test_the_base_stage_at_cpu_sizes_writes_the_report_the_choice_and_an_archive
         == report["choice"]["snapshot_sha256"]
     )
     assert len(list(out.iterdir())) <= 8
-    with tarfile.open(out / "smollm2.tar.gz") as tar:
+    with tarfile.open(out / "smollm2.tar.xz") as tar:
         names = tar.getnames()
     assert "smollm2/base_report.md" in names and not [
         n for n in names if n.endswith((".safetensors", ".tasks.json"))
@@ -358,7 +358,7 @@ def test_train_on_two_gpus_runs_each_seed_pair_on_its_gpu_and_packs_the_gpu_logs
                 in (runs / f"{run}.log").read_text()
             )
         assert f"-s{9 - seed}" not in log  # the other seed's pair ran on the other GPU
-    with tarfile.open(out / "smollm2.tar.gz") as tar:
+    with tarfile.open(out / "smollm2.tar.xz") as tar:
         names = tar.getnames()
     assert {"smollm2/runs/gpu0.log", "smollm2/runs/gpu1.log"} <= set(names)
     assert {

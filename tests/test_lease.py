@@ -212,7 +212,7 @@ def test_a_detached_train_outlives_its_caller_and_shares_step_0(tmp_path):
     timeline = [json.loads(line) for line in (work / "runs/timeline.jsonl").read_text().splitlines()]
     assert {e["event"] for e in timeline} >= {"launcher", "start", "step", "exit"}
     assert launch_main([str(plan), "pack", "--work", str(work), "--out", str(tmp_path / "o2")]) == 0
-    assert (tmp_path / "o2/smollm2.tar.gz").is_file()
+    assert (tmp_path / "o2/smollm2.tar.xz").is_file()
 
 
 def test_the_readme_report_of_launch_2_is_what_the_report_command_prints():
@@ -361,3 +361,21 @@ def test_a_later_lease_copies_an_earlier_leases_step_0_rows(tmp_path):
         run = work / f"runs/smollm2-{arm}-s1"
         assert json.loads((run / "run.json").read_text())["config"]["step0_eval_from"] == str(rows)
         assert (run / "results/eval_step000.jsonl").read_bytes() == rows.read_bytes()
+
+
+def test_the_conversion_figures_recompute_from_their_json():
+    """docs/PERFORMANCE.md's conversion table (this CPU, 2026-12-05): after / before from bench.conversion's JSON,
+    and every file the same bytes before and after under each transformers version."""
+    folder = ROOT / "docs/performance/cpu-2026-12-05"
+    runs = {f.stem: json.loads(f.read_text()) for f in folder.glob("q15-*.json")}
+    text = (ROOT / "docs/PERFORMANCE.md").read_text()
+    for version, label in (("lock", "5.25.0"), ("5.17", "5.17.0")):
+        before = [runs[f"q15-{version}-before{r}"] for r in ("", "-2")]
+        after = [runs[f"q15-{version}-after{r}"] for r in ("", "-2")]
+        assert {r["versions"]["transformers"] for r in before + after} == {label}
+        assert len({json.dumps(r["sha256"], sort_keys=True) for r in before + after}) == 1
+        ratio = sum(r["seconds"] for r in after) / sum(r["seconds"] for r in before)
+        row = f"| {', '.join(str(r['seconds']) for r in before)} | {', '.join(str(r['seconds']) for r in after)} | **{ratio:.2f}** |"
+        assert row in text, row
+    weights = {r["sha256"]["model.safetensors"] for r in runs.values()}
+    assert len(weights) == 1 and f"model.safetensors is\n  {weights.pop()[:8]}…" in text

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bases.packaged import MANIFEST, SOURCES, BaseError, convert, locate
+from data.atomic import sha256_file
 
 REPO = Path(__file__).resolve().parent.parent
 CONVERTED = REPO / "artifacts/smollm2"
@@ -111,6 +112,57 @@ def test_logits_equal_the_gguf_model(converted):
         with torch.no_grad():
             a, b = ref(ids).logits, ours(ids).logits
         assert torch.allclose(a, b, atol=1e-5, rtol=0), (text, (a - b).abs().max())
+
+
+@pytest.mark.slow
+def test_the_conversion_writes_what_transformers_plain_gguf_load_and_save_write(converted, tmp_path):
+    """The conversion reads the tokenizer in a second process and builds the model to save without random init; its
+    files are byte for byte those of the plain path: every object read from the GGUF by transformers' own classes,
+    a fresh model of the read config given the loaded weights, saved."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tok.pad_token, tok.eos_token = SOURCE.pad_token, SOURCE.eos_token
+    loaded = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config.__dict__.pop("quantization_config", None)
+    config.pad_token_id, config.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    model = type(loaded)(config).to(torch.float32)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    plain = tmp_path / "plain"
+    model.save_pretrained(plain, safe_serialization=True)
+    tok.save_pretrained(plain)
+    ours = sorted(f.name for f in converted.iterdir() if f.name != MANIFEST)
+    assert ours == sorted(f.name for f in plain.iterdir())
+    for name in ours:
+        assert sha256_file(converted / name) == sha256_file(plain / name), name
+
+
+@pytest.mark.slow
+def test_the_conversion_benchmark_prints_the_hashes_of_the_same_checkpoint(converted, tmp_path):
+    """bench.conversion converts again into a folder of its own: the same bytes as `make real-base` wrote."""
+    out = tmp_path / "conversion.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.conversion", "smollm2", "--gguf", str(_gguf()), "--dir",
+                           str(tmp_path), "--json", str(out)], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    assert figures["sha256"] == {
+        f.name: sha256_file(f) for f in sorted(converted.iterdir()) if f.name != MANIFEST
+    }
+    assert figures["seconds"] > 0 and [p.name for p in tmp_path.iterdir()] == [
+        "conversion.json"
+    ]  # removed after
+
+
+def test_the_tokenizer_process_needs_the_gguf(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "bases.packaged", "smollm2", "--out", str(tmp_path),
+                           "--tokenizer-only"], capture_output=True, text=True, cwd=REPO)  # fmt: skip
+    assert proc.returncode == 2 and "--tokenizer-only reads --gguf" in proc.stderr
 
 
 @pytest.mark.slow

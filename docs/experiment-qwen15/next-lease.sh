@@ -13,7 +13,8 @@
 #     artifacts/real/math500.jsonl --name q15        # ~26 calls
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
-#                     (docs/performance/probe-bf16.sh; the start call stops it if it has not ended)
+#                     (docs/performance/probe-bf16.sh; the start call starts the launcher, whose conversion
+#                     is CPU work, then stops the probe within 40 s if it has not ended)
 #   receive K         every q15 part but the last
 #   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
 #                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
@@ -24,9 +25,13 @@
 #                     first run's step-0 rows are unpacked and every run copies them (`train --step0-from`; each
 #                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays
 #                     /tmp/q15x in every lease), saving the leader's ~150 s of step 0
-#   watch [S]         until the launcher ends;   pack   the rows into $OUT
+#   watch [S]         until the launcher ends (or S s), then the rows so far into $OUT: should the machine be lost
+#                     before `pack`, the last watch call's archive holds every pair that had finished by then
+#   pack              the rows into $OUT (<plan name>.tar.xz)
 # Afterwards, here: `make launch PLAN=docs/experiment-qwen15/plan.yaml STAGE=unpack` into docs/experiment-qwen15/launchN
 # with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json).
+# The first lease's step-0 files are a free check of the code since the trial (823d75a): same base bytes, same eval
+# seeds and sets, so launch1's eval_step000*.jsonl must equal throughput3's byte for byte (PLAN.md, between leases).
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -46,19 +51,21 @@ receive)  # receive K
 start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
-  for _ in $(seq 60); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
-  cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
-  mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
-  cp /tmp/probe/*.log /tmp/pj/ 2>/dev/null; tar -C /tmp/pj -czf $OUT/probe-bf16.tar.gz .
   S0=(); if [ -n "${5:-}" ]; then
     python3 -m rundir.archive unpack $5 /tmp/step0src > /dev/null || exit 1
     S0=(--step0-from $(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1))
   fi
+  # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" --detach
-  sleep 20; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
+  for _ in $(seq 40); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
+  cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
+  mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
+  cp /tmp/probe/*.log /tmp/pj/ 2>/dev/null; tar -C /tmp/pj -czf $OUT/probe-bf16.tar.gz .
+  sleep 5; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
 watch)  # watch [S]
-  python3 -m launch $PLAN watch --work $W --for-s ${2:-$(left)}
-  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader ;;
+  python3 -m launch $PLAN watch --work $W --for-s ${2:-$(($(left) - 20))}
+  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+  python3 -m launch $PLAN pack --work $W --out $OUT ;;
 pack)
   python3 -m launch $PLAN pack --work $W --out $OUT ;;
 *) echo "unknown part ${1:-}"; exit 2 ;;

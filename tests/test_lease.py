@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -196,9 +197,14 @@ def test_a_detached_train_outlives_its_caller_and_shares_step_0(tmp_path):
     assert started.returncode == 0 and "detached" in started.stdout  # returned at once
     assert launcher_pid(work) is not None
     assert launch_main([str(plan), "train", "--smoke", "--work", str(work), "--detach"]) == 1  # one at a time
-    end = time.time() + 600
+    end, mid = time.time() + 600, None
     while launcher_pid(work) is not None and time.time() < end:
+        if mid is None and list((work / "runs").glob("*/run.json")):  # a watch call's pack, while runs write
+            assert launch_main([str(plan), "pack", "--work", str(work), "--out", str(tmp_path / "mid")]) == 0
+            with tarfile.open(tmp_path / "mid/smollm2.tar.xz") as tar:
+                mid = tar.getnames()
         time.sleep(2)
+    assert mid and any(n.endswith("/run.json") for n in mid)
     assert launch_main([str(plan), "watch", "--work", str(work), "--for-s", "1"]) == 0
     runs = sorted(p for p in (work / "runs").iterdir() if p.is_dir())
     assert [r.name for r in runs] == ["smollm2-S0-s0", "smollm2-S0-s1", "smollm2-S2-s0", "smollm2-S2-s1"]

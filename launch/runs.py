@@ -6,7 +6,8 @@ GPU: the environment as it is). On each GPU runs go `budget.parallel` at a time,
 earlier invocation left is resumed (`--resume`, exactly), a finished one is skipped. On a fresh start each GPU's
 first run goes alone until its first step row (it fills the compile caches the others then read), and that GPU's
 number at a time is cut to what it holds at the leader's measured memory; the disk, shared, bounds the runs of all
-GPUs together. When the budget is spent every run gets SIGTERM (it ends its step, saves it and exits; the next
+GPUs together. Once a run has finished, a new seed pair starts only while that quickest run's time still fits the
+budget. When the budget is spent every run gets SIGTERM (it ends its step, saves it and exits; the next
 invocation resumes it), then SIGINT to the group (it keeps its last saved state), then SIGKILL. Each run's
 settings come from launch/settings.py; what comes back is packed by launch/pack.py.
 """
@@ -48,6 +49,14 @@ def shared_step0(work: Path) -> Path | None:
         if not read_run_json(rows.parent.parent).get("config", {}).get("step0_eval_from"):
             return rows
     return None
+
+
+def cannot_finish(seed: int | None, started: set, took: list[float], left: float) -> bool:
+    """Whether `seed`'s pair would begin now (no run of it started, in this launch or an earlier one) with fewer
+    seconds `left` than the quickest run this launch finished `took`. A pair the budget cuts is left out and rerun
+    under a new seed (issue 62's rule 4): starting it only adds rows no report reads, while a seed not started stays
+    for the next lease."""
+    return seed not in started and bool(took) and min(took) > left
 
 
 def drop_weights(run: Path) -> None:
@@ -137,8 +146,15 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     for gpu in slots:
         gpu.timeline = timeline
 
+    began: dict[Path, float] = {}  # when each run started, and how long each that finished took
+    took: dict[Path, float] = {}
+    # seeds with a run started: by this launcher, or by an earlier one (its run.json; a new run writes one later)
+    started = {s for n, _, s in order if (run_dir(work, n) / "run.json").is_file()}
+
     def start(gpu: Gpu) -> None:
         run, arm, seed = gpu.queue.pop(0)
+        began[run] = time.perf_counter()
+        started.add(seed)
         shared = (
             None
             if (run / "run.json").is_file()
@@ -174,6 +190,9 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
                 if run not in dropped and p.poll() == 0 and finished(run, steps):
                     drop_weights(run)
                     dropped.add(run)
+        for run, p in [x for gpu in slots for x in gpu.procs]:
+            if run not in took and p.poll() == 0 and finished(run, steps):
+                took[run] = time.perf_counter() - began[run]
         running = sum(gpu.live() for gpu in slots)
         if not running and not any(gpu.queue for gpu in slots):
             break
@@ -182,7 +201,15 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         if not all(settled):
             break
         while running < disk and (room := [g for g in slots if g.has_room()]):
-            start(min(room, key=lambda g: len(g.running)))  # the least busy GPU first: the disk's cap evenly
+            gpu = min(room, key=lambda g: len(g.running))  # the least busy GPU first: the disk's cap evenly
+            left = deadline - time.perf_counter()
+            if cannot_finish(seed := gpu.queue[0][2], started, list(took.values()), left):
+                gpu.queue = [q for q in gpu.queue if q[2] != seed]
+                gpu.note(f"seed {seed}'s pair not started: the quickest finished run took {min(took.values()):.0f} s, "
+                         f"{left:.0f} s are left")  # fmt: skip
+                timeline.event("skip", seed=seed, left_s=round(left))
+                continue
+            start(gpu)
             running += 1
         time.sleep(1 if smoke or cpu else 5)
     procs = [x for gpu in slots for x in gpu.procs]

@@ -256,6 +256,53 @@ def test_train_runs_only_the_seeds_asked_and_refuses_seeds_not_in_the_plan(tmp_p
     ]
 
 
+def test_a_seed_pair_the_budget_cannot_finish_is_not_started(tmp_path, monkeypatch, capsys):
+    """A new pair starts only while the quickest run the launch finished would still end before the deadline: a pair
+    cut by the budget is left out (issue 62's rule 4), a pair not started keeps its seed for the next lease."""
+    from launch import runs
+
+    assert not runs.cannot_finish(2, set(), [], 10.0)  # nothing finished yet: no estimate, it starts
+    assert runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 300.0)
+    assert not runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 450.0)
+    assert not runs.cannot_finish(2, {2}, [440.0], 10.0)  # its partner started: a pair always runs whole
+    asked = []
+
+    def say_seed_5_cannot(seed, started, took, left):  # the launcher's wiring: what it measured, what it asks
+        asked.append((seed, set(started), list(took), left))
+        return seed == 5 and bool(took)
+
+    monkeypatch.setattr(runs, "cannot_finish", say_seed_5_cannot)
+    work, out = tmp_path / "w", tmp_path / "o"
+    assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
+    train = [
+        PLANS[0],
+        "train",
+        "--smoke",
+        "--seeds",
+        "4,5",
+        "--parallel",
+        "2",
+        "--work",
+        str(work),
+        "--out",
+        str(out),
+    ]
+    assert launch_main(train) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in (work / "runs").iterdir() if p.is_dir()) == [
+        "smollm2-S0-s4",
+        "smollm2-S2-s4",
+    ]
+    assert (
+        "seed 5's pair not started: the quickest finished run took" in printed
+        and "2 of 4 runs at step 1" in printed
+    )
+    seed5 = [a for a in asked if a[0] == 5 and a[2]]
+    assert seed5 and seed5[0][1] == {4} and len(seed5[0][2]) >= 1 and min(seed5[0][2]) > 0 and seed5[0][3] > 0
+    timeline = [json.loads(x) for x in (work / "runs/timeline.jsonl").read_text().splitlines()]
+    assert [e["seed"] for e in timeline if e["event"] == "skip"] == [5]
+
+
 @pytest.mark.parametrize(
     "seeds, says", [("0,0", "--seeds: 0 appears twice"), ("0,x", "--seeds: 'x' is not a whole number")]
 )

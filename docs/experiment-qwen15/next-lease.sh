@@ -18,9 +18,10 @@
 #   receive K         every q15 part but the last
 #   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
 #                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
-#                     pack. The plan projects ~440 s a pair and 2 whole pairs in a first lease (PLAN.md); a pair
-#                     that does not reach step 30 is left out and rerun with the next unused seed from 100
-#                     (deviation rule 4)
+#                     pack. The plan projects ~440 s a pair and 2 whole pairs in a first lease (PLAN.md); the
+#                     launcher starts a new pair only while its quickest finished run still fits the budget (a seed
+#                     not started stays for the next lease); a pair that starts and does not reach step 30 is left
+#                     out and rerun with the next unused seed from 100 (deviation rule 4)
 #                     A later lease adds STEP0, a committed launch folder (e.g. docs/experiment-qwen15/launch1): its
 #                     first run's step-0 rows are unpacked and every run copies them (`train --step0-from`; each
 #                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays

@@ -3,7 +3,8 @@
 Rows are read only through rundir.files (Run, read_jsonl), so a launch folder may hold them plain or archived.
 Section kinds (each a function below, `launch` a folder under the plan's `results`):
   primary           the plan's primary comparison by the seed-level test (analysis.compare), at the last step
-                    every tested seed evaluated; with a sensitivity reading over every seed if a run failed
+                    every tested seed evaluated; with a sensitivity reading over every seed if a run failed, and one
+                    per GPU model where the pairs ran on several (run.json `launch.device`)
   outcome_by_seed   S2 - S0 in one outcome's share of the primary set, per seed, with the exact sign-flip test
   arm_trajectory    per arm and evaluated step, means over the tested seeds (accuracy, unresolved, length,
                     entropy, median sampled-token log-prob): the decomposition's per-step part
@@ -15,7 +16,7 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   compare           analysis.compare's whole report (report.md) at the last step both arms evaluated; `ran_in`:
                     where the runs were trained, the run-directory row's folder
   throughput        per run: steps/s, tokens/s, generation share, from steps.jsonl's `seconds`
-  launch_status     per run: steps logged, updates skipped, steps evaluated
+  launch_status     per run: steps logged, updates skipped, steps evaluated (and its GPU, where recorded)
   reproduction      run by run, how far `launch` repeats `against`
   seed_table        the sampled training rollouts' shares at one step per seed
   timing            one run's seconds per phase at every step
@@ -23,6 +24,7 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
   lease             lease seconds per run-step and run-steps per GPU-hour of `launches` (launch/lease.py)
 """
 
+import json
 import math
 import statistics
 import tempfile
@@ -71,6 +73,12 @@ class Launch:
 
     def started(self, run: Path) -> bool:
         return archive.exists(run / "run.json")
+
+    def device(self, seed) -> str | None:
+        """The GPU model a seed's pair ran on (run.json `launch.device`, recorded since 2026-12-05; None before)."""
+        found = {json.loads(archive.read_bytes(r / "run.json")).get("launch", {}).get("device")
+                 for a in self.arms if self.started(r := self.dir(a, seed))}  # fmt: skip
+        return " + ".join(sorted(map(str, found))) if len(found) > 1 else next(iter(found), None)
 
     def redone(self, run: Path) -> bool:
         """A run that stopped without saving (a crash, a kill) and redid steps from its last saved one on
@@ -138,6 +146,12 @@ def primary(lx: Launch) -> str:
         out += "\n" + comparison_block(lx, reached, "Sensitivity, every seed (not the primary)")
     if (kept := lx.unredone_seeds()) != seeds and kept:
         out += "\n" + comparison_block(lx, kept, "Sensitivity, without runs that redid steps after a crash")
+    by_gpu = {s: lx.device(s) for s in seeds}
+    for gpu in sorted({g for g in by_gpu.values() if g}) if len(set(by_gpu.values())) > 1 else ():
+        if (
+            len(on := tuple(s for s in seeds if by_gpu[s] == gpu)) > 1
+        ):  # pairs of several GPU models (amendment 2)
+            out += "\n" + comparison_block(lx, on, f"Sensitivity, the pairs on {gpu} alone")
     return out
 
 
@@ -396,18 +410,23 @@ def lead_split(lx: Launch) -> str:
 
 
 def launch_status(lx: Launch) -> str:
-    lines = ["| run | steps logged | updates skipped at steps | evaluated at steps |", "|---|---|---|---|"]
+    """Per run: steps logged, updates skipped, steps evaluated; and its GPU where run.json records one."""
+    gpus = {s: lx.device(s) for s in lx.seeds}
+    gpu = any(gpus.values())
+    lines = ["| run | steps logged | updates skipped at steps | evaluated at steps |" + (" GPU |" if gpu else ""),
+             "|---|---|---|---|" + ("---|" if gpu else "")]  # fmt: skip
     for arm in lx.arms:
         for seed in lx.seeds:
             run = lx.dir(arm, seed)
             if not lx.started(run):
-                lines.append(f"| {run.name} | not started | – | – |")
+                lines.append(f"| {run.name} | not started | – | – |" + (" – |" if gpu else ""))
                 continue
             rows = _steps(run)
             skipped = ", ".join(str(r["step"]) for r in rows if r.get("update_skipped")) or "none"
             evaluated = ", ".join(map(str, Run(run).evaluated()))
             lines.append(
                 f"| {run.name} | {max((r['step'] for r in rows), default=0)} | {skipped} | {evaluated} |"
+                + (f" {gpus[seed] or '–'} |" if gpu else "")
             )
     return "\n".join(lines) + "\n"
 

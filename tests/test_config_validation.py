@@ -192,6 +192,7 @@ def test_the_setup_decides_without_writing_into_the_declared_config(tmp_path):
     recorded = json.loads((tmp_path / "run" / "run.json").read_text())
     assert recorded["config"] == json.loads(trainer.args.to_json_string())  # the settings it runs with
     assert recorded["launch"]["micro_batch"] == run.micro_batch.to_json()
+    assert recorded["launch"]["device"] == "cpu"  # a GPU run records its model (torch.cuda.get_device_name)
     # setup.decide (bench/, tests that build the trainer themselves) decides the same from the same declaration
     trainer_args, decided = setup.decide(args, trainer.model, trainer.processing_class, trainer.tasks)
     assert decided == run and trainer_args.to_json_string() == trainer.args.to_json_string()

@@ -108,6 +108,9 @@ def test_shared_step0_rows_are_taken_only_when_they_are_this_runs_own(tmp_path):
     other, _, _ = _run(tmp_path, "other-cap", eval={**spec.to_json(), "cap": 128})
     with pytest.raises(RunDirError, match="differs from this one in eval"):
         shared_step0_rows(rows_file, other, tasks, spec)
+    elsewhere, _, _ = _run(tmp_path, "on-an-h100", launch={"device": "NVIDIA H100 80GB HBM3"})
+    with pytest.raises(RunDirError, match=r"differs from this one in device \(None there\)"):
+        shared_step0_rows(rows_file, elsewhere, tasks, spec)  # rows from another GPU model are not this run's
     rows = _rows(spec)
     rows[2]["seed"] += 1  # one sample drawn with another seed
     rows_file.write_text("".join(json.dumps(r) + "\n" for r in rows))

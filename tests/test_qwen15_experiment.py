@@ -66,6 +66,40 @@ def test_the_second_throughput_trial_starts_its_runs_as_the_experiment_would(tmp
     assert args.extra_evals == ["math500@384", "math500@1024", "heldout300@1152"] and args.deterministic
 
 
+def test_amendment_2s_micro_batch_is_what_the_sizer_gave_every_trial_run_and_trains_the_same():
+    """The given micro-batch (64 rows, checkpointing) is the one every run of the 1.5B trials recorded, and the
+    trainer's settings after the batch arithmetic are those the sized micro-batch gave: given or sized, one run."""
+    from engine.micro_batch import MicroBatch
+    from rundir import archive
+    from trainer.config import CapGRPOConfig
+    from trainer.setup import batch_arithmetic
+
+    folder = REPO / "docs/performance/h200-2026-12-05b"
+    runs = archive.glob(str(folder / "*/qwen15-*"))
+    assert len(runs) == 5  # throughput3's four and the run alone
+    for run in runs:
+        recorded = json.loads(archive.read_bytes(run / "run.json"))["launch"]["micro_batch"]
+        assert (recorded["rows"], recorded["checkpointing"], recorded["basis"]) == (
+            64,
+            True,
+            "memory: 15.6 GiB",
+        )
+    common = {
+        "output_dir": "/tmp/x",
+        "groups_per_step": 8,
+        "num_generations": 8,
+        "use_cpu": True,
+        "bf16": False,
+    }
+    sized = CapGRPOConfig(**common)
+    given = CapGRPOConfig(**common, per_device_train_batch_size=64, gradient_checkpointing=True)
+    batch = MicroBatch(64, True, 566, "")
+    assert (
+        batch_arithmetic(given, batch, 1).to_json_string()
+        == batch_arithmetic(sized, batch, 1).to_json_string()
+    )
+
+
 def test_the_final_training_design_is_what_the_trial_measured():
     """plan.yaml's training design, final since the lease figure (2026-12-05): 16 pairs and, by amendment 1, the
     rerun seeds 100-115, 30 deterministic steps, every extra evaluation read by a registered secondary at its cap, and the budget
@@ -88,7 +122,12 @@ def test_the_final_training_design_is_what_the_trial_measured():
     read = {f"{s['set']}@{s['cap']}" for s in PLAN.report if s["kind"] == "secondary" and "cap" in s}
     assert read == set(gpu["extra_evals"])
     assert PLAN.budget == trial.budget
-    assert {**gpu, "extra_eval_steps": [0, trial.steps]} == trial.run_args["gpu"]
+    given = {"per_device_train_batch_size": 64, "gradient_checkpointing": True}  # amendment 2
+    rest = {k: v for k, v in gpu.items() if k not in given}
+    assert {k: gpu[k] for k in given} == given and {
+        **rest,
+        "extra_eval_steps": [0, trial.steps],
+    } == trial.run_args["gpu"]
     second = load(DOCS / "plan-throughput2.yaml")
     assert {f for f in second.__dataclass_fields__ if getattr(second, f) != getattr(trial, f)} == {
         "path", "name", "seeds", "budget",

@@ -107,6 +107,37 @@ def test_the_lead_split_and_finished_accuracy_recompute_issue_62s_outside_figure
     assert table[2].startswith("| 0 | 26.1 / 26.1 |") and table[-1].startswith("| 20 | 26.1 / 21.9 |")
 
 
+def test_pairs_on_several_gpu_models_get_a_sensitivity_line_each_and_the_status_names_their_gpu(tmp_path):
+    """Issue 62's amendment 2: a lease may run on another GPU model. The primary pools every pair; where the tested
+    pairs ran on several models (run.json `launch.device`), the primary on each model's pairs alone (two pairs or
+    more) follows it as a sensitivity line, and the status table names each run's GPU. Launch 1 of the 0.5B, its
+    seeds 0 and 1 marked as run on an H200 and seed 2 on an H100."""
+    from launch.report import section
+    from rundir.archive import unpack
+
+    whole = unpack(DOCS / "launch1", tmp_path / "whole")
+    before = section(PLAN, whole, {"kind": "primary"})
+    assert "GPU" not in section(
+        PLAN, whole, {"kind": "launch_status"}
+    )  # launches before amendment 2 record none
+    for run in whole.glob("qwen05-*-s*/run.json"):
+        info = json.loads(run.read_text())
+        info["launch"]["device"] = (
+            "NVIDIA H100 80GB HBM3" if run.parent.name.endswith("-s2") else "NVIDIA H200"
+        )
+        run.write_text(json.dumps(info))
+    primary = section(PLAN, whole, {"kind": "primary"})
+    assert (
+        primary.startswith(before) and primary.count("### Sensitivity") == before.count("### Sensitivity") + 1
+    )
+    assert (
+        "### Sensitivity, the pairs on NVIDIA H200 alone: S2 − S0, heldout300, step 20, PLAN.md's deviation step, seeds 0, 1\n"
+        in primary
+    )
+    status = section(PLAN, whole, {"kind": "launch_status"})
+    assert "| evaluated at steps | GPU |" in status and status.count("| NVIDIA H100 80GB HBM3 |") == 2
+
+
 def test_a_pooled_report_over_several_launch_folders_reads_as_one_and_refuses_a_run_in_two(tmp_path):
     """Issue 62's pairs come from several leases, one launch folder each (docs/experiment-qwen15/PLAN.md): a section
     whose `launch` is a pattern pools the matching folders. Launch 1 of the 0.5B split by seed into two folders gives

@@ -44,7 +44,10 @@ def shared_step0_rows(source: Path, run_dir: Path, tasks_by_set: Mapping[str, Se
     and sample alone, so generating them again per run only repeats the same rows (issue 60)."""
     source = Path(source)
     theirs, ours = read_run_json(source.parent.parent), read_run_json(run_dir)
-    if differ := [k for k in STEP0_SAME if theirs.get(k) != ours.get(k)]:
+    differ = [k for k in STEP0_SAME if theirs.get(k) != ours.get(k)]
+    if (device := theirs.get("launch", {}).get("device")) != ours.get("launch", {}).get("device"):
+        differ.append(f"device ({device} there)")  # another GPU model's kernels may give other rows
+    if differ:
         raise RunDirError(f"step0_eval_from {source}: its run differs from this one in {', '.join(differ)}")
     rows = read_jsonl(source)
     want = [(name, task_id, i, sample_seed(spec.seed, task_id, i), spec.cap, 0)

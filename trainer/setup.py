@@ -329,6 +329,10 @@ def record_new_run(run_dir: Path, trainer, model_args, arch: str, tasks: RunTask
         launch={
             "num_processes": acc.num_processes,
             "distributed_type": acc.distributed_type.value,
+            # the GPU model: rows are bitwise only on the same one (another's kernels may sum in another order)
+            "device": torch.cuda.get_device_name(acc.device)
+            if acc.device.type == "cuda"
+            else acc.device.type,
             # the optimizer that runs (`optim` is TrainingArguments' field, which CPUAdamW replaces)
             "optimizer": "CPUAdamW"
             if run.backends.cpu_adamw

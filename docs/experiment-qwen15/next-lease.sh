@@ -22,10 +22,13 @@
 #                     launcher starts a new pair only while its quickest finished run still fits the budget (a seed
 #                     not started stays for the next lease); a pair that starts and does not reach step 30 is left
 #                     out and rerun with the next unused seed from 100 (deviation rule 4)
+#                     On an H100 (the device tool may lend one: PLAN.md, amendment 2) the same calls: the launcher
+#                     runs one 1.5B run at a time there, so pass one or two pairs' seeds.
 #                     A later lease adds STEP0, a committed launch folder (e.g. docs/experiment-qwen15/launch1): its
 #                     first run's step-0 rows are unpacked and every run copies them (`train --step0-from`; each
 #                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays
-#                     /tmp/q15x in every lease), saving the leader's ~150 s of step 0
+#                     /tmp/q15x in every lease), saving the leader's ~150 s of step 0; taken only where that launch
+#                     ran on this GPU model
 #   watch [S]         until the launcher ends (or S s), then the rows so far into $OUT: should the machine be lost
 #                     before `pack`, the last watch call's archive holds every pair that had finished by then
 #   pack              the rows into $OUT (<plan name>.tar.xz)
@@ -33,6 +36,7 @@
 # with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json).
 # The first lease's step-0 files are a free check of the code since the trial (823d75a): same base bytes, same eval
 # seeds and sets, so launch1's eval_step000*.jsonl must equal throughput3's byte for byte (PLAN.md, between leases).
+# On an H100 the same comparison says whether the two GPU models compute the same rows.
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -52,9 +56,12 @@ receive)  # receive K
 start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
-  S0=(); if [ -n "${5:-}" ]; then
+  S0=(); if [ -n "${5:-}" ]; then  # only from runs on this GPU model (amendment 2; the trainer refuses others)
     python3 -m rundir.archive unpack $5 /tmp/step0src > /dev/null || exit 1
-    S0=(--step0-from $(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1))
+    src=$(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1)
+    there=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['launch'].get('device'))" ${src%/results/*}/run.json)
+    here=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
+    if [ "$there" = "$here" ]; then S0=(--step0-from $src); else echo "step 0 evaluated here: $5 ran on $there, this is $here"; fi
   fi
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" --detach

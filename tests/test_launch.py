@@ -256,6 +256,11 @@ def test_train_runs_only_the_seeds_asked_and_refuses_seeds_not_in_the_plan(tmp_p
     ]
 
 
+def smoke_train(work: Path, out: Path, *flags: str) -> list[str]:
+    """The SmolLM2 plan's train stage in smoke mode, with `flags`."""
+    return [PLANS[0], "train", "--smoke", *flags, "--work", str(work), "--out", str(out)]
+
+
 def test_a_seed_pair_the_budget_cannot_finish_is_not_started(tmp_path, monkeypatch, capsys):
     """A new pair starts only while the quickest run the launch finished would still end before the deadline: a pair
     cut by the budget is left out (issue 62's rule 4), a pair not started keeps its seed for the next lease."""
@@ -274,19 +279,7 @@ def test_a_seed_pair_the_budget_cannot_finish_is_not_started(tmp_path, monkeypat
     monkeypatch.setattr(runs, "cannot_finish", say_seed_5_cannot)
     work, out = tmp_path / "w", tmp_path / "o"
     assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
-    train = [
-        PLANS[0],
-        "train",
-        "--smoke",
-        "--seeds",
-        "4,5",
-        "--parallel",
-        "2",
-        "--work",
-        str(work),
-        "--out",
-        str(out),
-    ]
+    train = smoke_train(work, out, "--seeds", "4,5", "--parallel", "2")
     assert launch_main(train) == 0
     printed = capsys.readouterr().out
     assert sorted(p.name for p in (work / "runs").iterdir() if p.is_dir()) == [
@@ -379,19 +372,7 @@ def test_train_on_two_gpus_runs_each_seed_pair_on_its_gpu_and_packs_the_gpu_logs
     work, out = tmp_path / "w", tmp_path / "o"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
     assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
-    train = [
-        PLANS[0],
-        "train",
-        "--smoke",
-        "--gpus",
-        "2",
-        "--seeds",
-        "4,5",
-        "--work",
-        str(work),
-        "--out",
-        str(out),
-    ]
+    train = smoke_train(work, out, "--gpus", "2", "--seeds", "4,5")
     assert launch_main(train) == 0
     assert "4 of 4 runs at step 1" in capsys.readouterr().out
     runs = work / "runs"

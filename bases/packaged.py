@@ -212,19 +212,28 @@ def convert(gguf: Path, out: Path, source: Source) -> dict:
         raise BaseError(f"{gguf}: {source.name} is not one of SOURCES ({', '.join(SOURCES)})")
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    reader = None
     try:
-        reader = subprocess.Popen(  # the tokenizer beside the weights: see the docstring
-            [sys.executable, "-m", "bases.packaged", name, "--gguf", str(gguf), "--out", str(work),
-             "--tokenizer-only"], cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True)  # fmt: skip
-        loaded = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-        stdout, stderr = reader.communicate()
+        # the tokenizer beside the weights (see the docstring); its output to files: a full pipe would stall it
+        with tempfile.TemporaryFile("w+") as said, tempfile.TemporaryFile("w+") as errors:
+            reader = subprocess.Popen(
+                [sys.executable, "-m", "bases.packaged", name, "--gguf", str(gguf), "--out", str(work),
+                 "--tokenizer-only"], cwd=Path(__file__).resolve().parent.parent, stdout=said, stderr=errors,
+                text=True)  # fmt: skip
+            loaded = AutoModelForCausalLM.from_pretrained(
+                str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+            )
+            reader.wait()
+            said.seek(0)
+            errors.seek(0)
+            ids, error = said.read().strip().splitlines(), errors.read().strip().splitlines()
         if reader.returncode:
-            raise BaseError(stderr.strip().splitlines()[-1].removeprefix("error: ") if stderr.strip() else
-                            f"{gguf}: reading its tokenizer failed (exit {reader.returncode})")  # fmt: skip
-        ids = json.loads(stdout.strip().splitlines()[-1])
+            raise BaseError(
+                error[-1].removeprefix("error: ")
+                if error
+                else f"{gguf}: reading its tokenizer failed (exit {reader.returncode})"
+            )
+        ids = json.loads(ids[-1])
         config = copy.deepcopy(loaded.config)
         config.__dict__.pop("quantization_config", None)  # save_pretrained refuses a GGUF-quantized model
         config.pad_token_id = ids["pad_token_id"]
@@ -272,6 +281,9 @@ def convert(gguf: Path, out: Path, source: Source) -> dict:
             out.rmdir()  # empty (checked above)
         work.rename(out)
     except BaseException:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
         shutil.rmtree(work, ignore_errors=True)
         raise
     return manifest

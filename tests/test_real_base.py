@@ -159,6 +159,20 @@ def test_the_conversion_benchmark_prints_the_hashes_of_the_same_checkpoint(conve
     ]  # removed after
 
 
+def test_a_failed_tokenizer_process_is_named_and_nothing_is_left(tmp_path, monkeypatch):
+    """The tokenizer's process fails: its last line becomes the error, and no folder is left behind."""
+    import bases.packaged as packaged
+
+    gguf = _gguf()
+    fake = tmp_path / "python"
+    fake.write_text(f"#!/bin/sh\necho 'error: {gguf}: the GGUF has no chat template' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(packaged.sys, "executable", str(fake))
+    with pytest.raises(BaseError, match="the GGUF has no chat template"):
+        convert(gguf, tmp_path / "out", SOURCE)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]
+
+
 def test_the_tokenizer_process_needs_the_gguf(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "bases.packaged", "smollm2", "--out", str(tmp_path),
                            "--tokenizer-only"], capture_output=True, text=True, cwd=REPO)  # fmt: skip

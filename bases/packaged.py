@@ -226,14 +226,14 @@ def convert(gguf: Path, out: Path, source: Source) -> dict:
             reader.wait()
             said.seek(0)
             errors.seek(0)
-            ids, error = said.read().strip().splitlines(), errors.read().strip().splitlines()
+            printed, error = said.read().strip().splitlines(), errors.read().strip().splitlines()
         if reader.returncode:
             raise BaseError(
                 error[-1].removeprefix("error: ")
                 if error
                 else f"{gguf}: reading its tokenizer failed (exit {reader.returncode})"
             )
-        ids = json.loads(ids[-1])
+        ids = json.loads(printed[-1])
         config = copy.deepcopy(loaded.config)
         config.__dict__.pop("quantization_config", None)  # save_pretrained refuses a GGUF-quantized model
         config.pad_token_id = ids["pad_token_id"]
@@ -241,9 +241,8 @@ def convert(gguf: Path, out: Path, source: Source) -> dict:
         with torch.device("meta"):  # a fresh model to save, without random init: the weights come next
             model = type(loaded)(config)
         missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False, assign=True)
-        if unexpected or [
-            k for k in missing if k != "lm_head.weight"
-        ]:  # lm_head may be tied to the embedding
+        # lm_head may be tied to the embedding
+        if unexpected or [k for k in missing if k != "lm_head.weight"]:
             raise BaseError(f"{gguf}: weights do not fit {type(loaded).__name__} ({missing=}, {unexpected=})")
         model.tie_weights()
         model.generation_config = loaded.generation_config

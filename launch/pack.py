@@ -33,9 +33,8 @@ def pack(plan: Plan, work: Path, out: Path) -> Path:
                 continue  # a converted or built base: its manifest and report only
             if rel.endswith(".tasks.json") or "tfevents" in rel:
                 continue
-            data = (
-                path.read_bytes()
-            )  # read once: a run still writing (a watch call's pack) cannot cut a member short
+            # read once: a run still writing (a watch call's pack) cannot cut a member short
+            data = path.read_bytes()
             info = tar.gettarinfo(path, arcname=f"{plan.name}/{rel}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))

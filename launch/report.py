@@ -146,11 +146,10 @@ def primary(lx: Launch) -> str:
         out += "\n" + comparison_block(lx, reached, "Sensitivity, every seed (not the primary)")
     if (kept := lx.unredone_seeds()) != seeds and kept:
         out += "\n" + comparison_block(lx, kept, "Sensitivity, without runs that redid steps after a crash")
-    by_gpu = {s: lx.device(s) for s in seeds}
-    for gpu in sorted({g for g in by_gpu.values() if g}) if len(set(by_gpu.values())) > 1 else ():
-        if (
-            len(on := tuple(s for s in seeds if by_gpu[s] == gpu)) > 1
-        ):  # pairs of several GPU models (amendment 2)
+    by_gpu = {s: lx.device(s) for s in seeds}  # pairs of several GPU models (issue 62's amendment 2)
+    models = sorted({g for g in by_gpu.values() if g}) if len(set(by_gpu.values())) > 1 else []
+    for gpu in models:
+        if len(on := tuple(s for s in seeds if by_gpu[s] == gpu)) > 1:
             out += "\n" + comparison_block(lx, on, f"Sensitivity, the pairs on {gpu} alone")
     return out
 

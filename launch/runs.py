@@ -182,17 +182,13 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     disk = float("inf")  # runs at a time over all GPUs: they share one disk
     if b.get("drop_finished_weights") and not smoke:  # weights stay on the GPU machine: its disk binds
         disk = disk_fit(len(slots) * parallel, work, Path(base["model_name_or_path"]))
-    dropped: set[Path] = set()
     while time.perf_counter() < deadline:
         timeline.poll([x for gpu in slots for x in gpu.running])
-        if b.get("drop_finished_weights") and not smoke:
-            for run, p in [x for gpu in slots for x in gpu.procs]:
-                if run not in dropped and p.poll() == 0 and finished(run, steps):
-                    drop_weights(run)
-                    dropped.add(run)
-        for run, p in [x for gpu in slots for x in gpu.procs]:
+        for run, p in [x for gpu in slots for x in gpu.procs]:  # each run that finished, once
             if run not in took and p.poll() == 0 and finished(run, steps):
                 took[run] = time.perf_counter() - began[run]
+                if b.get("drop_finished_weights") and not smoke:
+                    drop_weights(run)
         running = sum(gpu.live() for gpu in slots)
         if not running and not any(gpu.queue for gpu in slots):
             break

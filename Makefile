@@ -21,12 +21,13 @@ EXPERIMENT_WORK = $(or $(WORK),artifacts/experiment)
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: real-base setup lock test-latest test test-fast lint format check-docs base train eval compare experiment launch card push regrade test-vllm test-multinode
+.PHONY: shipped real-base setup lock test-latest test test-fast lint format check-docs base train eval compare experiment launch card push regrade test-vllm test-multinode
 
 setup:  ## venv with exactly the locked versions (requirements.lock, CPU torch wheel), the package editable
 	python3 -m venv .venv
 	$(PY) -m pip install -q --require-hashes -r requirements.lock
 	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m embedded.shipped
 
 # The lock: every package `make setup` installs, pinned with hashes, from pyproject's ranges (dev extra) and
 # the CPU torch wheel (torch==2.13.0+cpu, on this machine's disk). Refresh on purpose, then run `make test`.
@@ -79,10 +80,15 @@ format:
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
+# The shipped base's weights and task snapshot are tracked as .xz (embedded/shipped.py): unpacked, or checked
+# against their pinned sha256, before a run reads them (the launcher and the suite unpack for themselves)
+shipped:
+	$(PY) -m embedded.shipped
+
 base:  ## rebuild the shipped embedded base (embedded/) on this machine into $(BASE): hours on a CPU, minutes on a GPU
 	$(PY) -m embedded.build --out $(BASE) --snapshot $(dir $(BASE))synthetic.tasks.json
 
-train:  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20"]
+train: shipped  ## make train ARM=S2 [RECIPE=...] [RESUME=runs/S2] [ARGS="--max_steps 20"]
 	$(PY) -m trainer.train --config $(RECIPE) $(if $(call given,ARM),--arm $(ARM)) $(if $(call given,RUN),--output_dir $(RUN)) $(if $(RESUME),--resume $(RESUME)) $(ARGS)
 
 eval:  ## make eval RUN=runs/S2 STEPS=20,29 [CAP=24576]: evaluate saved checkpoints after the fact

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from data.atomic import refused_write
+from embedded import shipped
 from launch.plan import ROOT, LaunchError, load
 from rundir.errors import RunFileError
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return run(args, argv)
-    except LaunchError as e:  # a plan, a refusal or a failed run: one line
+    except (LaunchError, shipped.ShippedError) as e:  # a plan, a refusal or a failed run: one line
         print(f"error: {e}", file=sys.stderr)
     except RunFileError as e:  # a committed row file or rows.tar.xz that cannot be read (the report's rows)
         print(f"error: {e}", file=sys.stderr)
@@ -87,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     plan = load(args.plan)
+    if args.stage in ("base", "train"):  # --smoke and the embedded plans read the shipped files, tracked as .xz
+        shipped.unpack()
     work = (args.work or ROOT / "artifacts" / plan.name).resolve()
     out = args.out or Path(os.environ.get("OUT") or work / "out")
     if args.stage == "report":

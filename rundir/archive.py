@@ -99,15 +99,27 @@ def exists(path: Path | str) -> bool:
     return Path(path).is_file() or _containing(Path(path)) is not None
 
 
+def _above(folder: Path) -> list[tuple[Path, str]]:
+    """(archive, the folder's prefix in it) for each archive in a folder above `folder`: one archive may hold an
+    experiment's every launch, so that the rows they share (the base's, step 0's) are stored once."""
+    here = Path(folder).absolute()
+    return [
+        (p / ARCHIVE, here.relative_to(p).as_posix() + "/") for p in here.parents if (p / ARCHIVE).is_file()
+    ]
+
+
 def folders(root: Path | str) -> set[Path]:
-    """Every folder under `root` that holds a file, on disk or in an archive (a published run folder whose files
-    are all packed exists only in its archive)."""
+    """Every folder under `root` that holds a file, on disk or in an archive under or above it (a published run
+    folder whose files are all packed exists only in its archive)."""
     root = Path(root)
     found = {p.parent for p in root.rglob("*") if p.is_file()}
-    for archive in root.rglob(ARCHIVE):
+    inside = [(archive, archive.parent, "") for archive in root.rglob(ARCHIVE)]
+    for archive, base, prefix in inside + [(a, root, prefix) for a, prefix in _above(root)]:
         stat = archive.stat()
         for name in _names(archive.resolve(), stat.st_mtime_ns, stat.st_size):
-            found |= {archive.parent / parent for parent in PurePosixPath(name).parents if str(parent) != "."}
+            if name.startswith(prefix):
+                rest = PurePosixPath(name[len(prefix) :])
+                found |= {base / parent for parent in rest.parents if str(parent) != "."}
     return found
 
 
@@ -182,18 +194,22 @@ def pack(folder: Path) -> Path:
 
 
 def unpack(folder: Path, dest: Path) -> Path:
-    """A plain copy of `folder` in `dest` (which must not exist): its files, and its archive's members."""
+    """A plain copy of `folder` in `dest` (which must not exist): its files, and its members in every archive
+    under or above it."""
     folder, dest = Path(folder), Path(dest)
     if dest.exists():
         raise ArchiveError(f"{dest}: exists; unpack into a new folder")
     shutil.copytree(folder, dest, ignore=shutil.ignore_patterns(ARCHIVE))
-    archive = folder / ARCHIVE
-    for name, data in (_members(archive) if archive.is_file() else {}).items():
-        target = dest / name
-        if target.exists():
-            raise ArchiveError(f"{folder / name}: on disk and in {archive}; remove one of the two")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data)
+    inside = [(a, a.parent.relative_to(folder).as_posix() + "/", "") for a in folder.rglob(ARCHIVE)]
+    for archive, into, prefix in inside + [(a, "", prefix) for a, prefix in _above(folder)]:
+        for name, data in _members(archive).items():
+            if not name.startswith(prefix):
+                continue
+            rel = PurePosixPath(into.removeprefix("./"), name[len(prefix) :])
+            if (dest / rel).exists():
+                raise ArchiveError(f"{folder / rel}: on disk and in {archive}; remove one of the two")
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            (dest / rel).write_bytes(data)
     return dest
 
 

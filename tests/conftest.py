@@ -18,6 +18,17 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 REPO = Path(__file__).resolve().parent.parent
 
 
+def pytest_configure(config):
+    """The shipped base's weights and snapshot, tracked as .xz, unpacked before any test reads them (a bare
+    `pytest` in a fresh clone too): the controller unpacks before pytest-xdist starts the workers, which check."""
+    from embedded.shipped import ShippedError, unpack
+
+    try:
+        unpack()
+    except ShippedError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
 @pytest.fixture(scope="session")
 def tiny_base() -> Path:
     """The embedded base model shipped in the repo (`embedded/base`), the one `make train` uses: every slow

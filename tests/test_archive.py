@@ -67,6 +67,40 @@ def test_glob_finds_run_folders_that_exist_only_in_the_archive(plain, tmp_path, 
     assert expand_runs("packed/runs/S*") == [Path("packed/runs/S0"), Path("packed/runs/S2")]
 
 
+def test_an_archive_above_serves_its_launches_as_their_own_would(plain, tmp_path, monkeypatch):
+    """One archive for an experiment's every launch (rows they share stored once): a launch folder's runs are
+    found, read, listed and unpacked from the archive above it as from the launch's own; an experiment folder
+    whose launches keep their own archives unpacks with every launch's rows."""
+    experiment = tmp_path / "experiment"
+    shutil.copytree(plain, experiment / "launch1")
+    shutil.copytree(plain, experiment / "launch2")
+    (experiment / "launch1/report.md").write_text("a launch's report stays on disk\n")
+    archive.pack(experiment / "launch2")  # a launch with its own archive, beside one whose rows go up
+    (experiment / "launch2/rows.tar.xz").rename(tmp_path / "launch2.tar.xz")
+    archive.pack(experiment)
+    with tarfile.open(experiment / archive.ARCHIVE) as tar:
+        assert (
+            "launch1/runs/S2/results/steps.jsonl" in tar.getnames()
+            and "launch1/report.md" not in tar.getnames()
+        )
+    shutil.rmtree(experiment / "launch1/runs")
+    (tmp_path / "launch2.tar.xz").rename(experiment / "launch2/rows.tar.xz")
+    monkeypatch.chdir(tmp_path)
+    assert archive.glob("experiment/launch1/runs/S*") == [
+        Path("experiment/launch1/runs/S0"),
+        Path("experiment/launch1/runs/S2"),
+    ]
+    assert Run(experiment / "launch1/runs/S2").scores == Run(plain / "runs/S2").scores
+    copy = archive.unpack(experiment / "launch1", tmp_path / "launch1-copy")
+    whole = archive.unpack(experiment, tmp_path / "experiment-copy")
+    for launch in (copy, whole / "launch1", whole / "launch2"):
+        files = {p.relative_to(launch) for p in launch.rglob("*") if p.is_file()} - {Path("report.md")}
+        assert files == {p.relative_to(plain) for p in plain.rglob("*") if p.is_file()}, launch
+        assert (launch / "runs/S0/results/steps.jsonl").read_bytes() == (
+            plain / "runs/S0/results/steps.jsonl"
+        ).read_bytes()
+
+
 def test_pack_is_deterministic_and_refuses_an_existing_archive(plain, tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
     shutil.copytree(plain / "runs/S0", one)

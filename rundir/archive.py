@@ -1,5 +1,7 @@
-"""Published rows, compressed: one `rows.tar.xz` per published folder holds every `.jsonl` and `.log` file, every
-run.json and every run card (README.md beside a run.json) under it, byte for byte, and the readers of rundir/ read them from there as if they were on disk.
+"""Published rows, compressed: one `rows.tar.xz` per published folder (a launch, or an experiment's launches
+merged) holds every `.jsonl` and `.log` file, every run.json and every run card (README.md beside a run.json)
+under it, byte for byte, and the readers of rundir/ read them from there, or from an archive further up, as if
+they were on disk.
 
 A published experiment (docs/experiment-*/<launch>/) is run directories whose rows repeat across runs (the same
 base evaluation in every seed, the same prompts): compressed together they take 1.3 MB where the plain files
@@ -8,6 +10,7 @@ took 50 MB, 3.8 MB compressed run by run and 7.3 MB file by file with gzip. xz a
 
     python -m rundir.archive pack docs/experiment-real/launch7     # the .jsonl/.log files and run.json -> rows.tar.xz
     python -m rundir.archive unpack docs/experiment-real/launch7 DEST   # a plain copy of the folder in DEST
+    python -m rundir.archive merge docs/experiment-real    # its launches' archives into one (shared rows once)
 
 `pack` reads the archive back and compares every member with its file before it deletes a single one; a folder
 that already has an archive is refused (unpack, then pack again). A path that exists both on disk and in an
@@ -22,6 +25,7 @@ import lzma
 import shutil
 import sys
 import tarfile
+import tempfile
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
@@ -213,6 +217,31 @@ def unpack(folder: Path, dest: Path) -> Path:
     return dest
 
 
+def merge(folder: Path) -> Path:
+    """The archives under `folder` and its packed plain files into one folder/rows.tar.xz: files that several
+    launches share (the base's rows, step 0's) are then stored once. Every member is checked against what the
+    readers gave before, and the new archive is in place before anything it replaces is removed."""
+    folder = Path(folder)
+    inner = [a for a in folder.rglob(ARCHIVE) if a != folder / ARCHIVE]
+    plain = [p for p in folder.rglob("*") if p.is_file() and packed(p)]
+    if not inner and not plain:
+        raise ArchiveError(f"{folder}: no archive below it and no plain rows to merge")
+    archives = inner + [folder / ARCHIVE] * (folder / ARCHIVE).is_file()
+    before = {(a.parent / n).relative_to(folder).as_posix() for a in archives for n in _members(a)}
+    before |= {p.relative_to(folder).as_posix() for p in plain}
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        merged = pack(unpack(folder, Path(tmp) / "copy"))
+        if missing := sorted(before - set(_members(merged))):
+            raise ArchiveError(f"{folder / missing[0]}: not in the merged archive; nothing changed")
+        for name, data in _members(merged).items():
+            if read_bytes(folder / name) != data:
+                raise ArchiveError(f"{folder / name}: merged with other bytes; nothing changed")
+        merged.replace(folder / ARCHIVE)
+    for path in inner + plain:
+        path.unlink()
+    return folder / ARCHIVE
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rundir.archive", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="verb", required=True)
@@ -222,10 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     u = sub.add_parser("unpack", help="a plain copy of FOLDER, its archive unpacked, in DEST")
     u.add_argument("folder", type=Path)
     u.add_argument("dest", type=Path)
+    sub.add_parser(
+        "merge", help="the archives under FOLDER and its plain rows into FOLDER/rows.tar.xz"
+    ).add_argument("folder", type=Path)
     args = parser.parse_args(argv)
     try:
-        if args.verb == "pack":
-            archive = pack(args.folder)
+        if args.verb in ("pack", "merge"):
+            archive = (pack if args.verb == "pack" else merge)(args.folder)
             print(f"{archive}: {len(_members(archive))} files, {archive.stat().st_size} bytes")
         else:
             print(unpack(args.folder, args.dest))

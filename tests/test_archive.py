@@ -67,30 +67,34 @@ def test_glob_finds_run_folders_that_exist_only_in_the_archive(plain, tmp_path, 
     assert expand_runs("packed/runs/S*") == [Path("packed/runs/S0"), Path("packed/runs/S2")]
 
 
-def test_an_archive_above_serves_its_launches_as_their_own_would(plain, tmp_path, monkeypatch):
-    """One archive for an experiment's every launch (rows they share stored once): a launch folder's runs are
-    found, read, listed and unpacked from the archive above it as from the launch's own; an experiment folder
-    whose launches keep their own archives unpacks with every launch's rows."""
+def test_merge_stores_shared_rows_once_and_the_launches_read_as_before(plain, tmp_path, monkeypatch, capsys):
+    """`merge`: an experiment's launch archives (here two launches with the same rows) and its plain rows into
+    one archive above them; each launch's runs are then found, read and unpacked from it as from their own."""
     experiment = tmp_path / "experiment"
-    shutil.copytree(plain, experiment / "launch1")
-    shutil.copytree(plain, experiment / "launch2")
+    for launch in ("launch1", "launch2"):
+        shutil.copytree(plain, experiment / launch)
+        archive.pack(experiment / launch)
+        shutil.rmtree(
+            experiment / launch / "runs"
+        )  # the empty folders pack leaves, which a clone does not have
     (experiment / "launch1/report.md").write_text("a launch's report stays on disk\n")
-    archive.pack(experiment / "launch2")  # a launch with its own archive, beside one whose rows go up
-    (experiment / "launch2/rows.tar.xz").rename(tmp_path / "launch2.tar.xz")
-    archive.pack(experiment)
+    (experiment / "timeline.jsonl").write_text('{"t": 0}\n')
+    sizes = sum(a.stat().st_size for a in experiment.rglob(archive.ARCHIVE))
+    assert archive.main(["merge", str(experiment)]) == 0
+    assert capsys.readouterr().out.startswith(f"{experiment / archive.ARCHIVE}: ")
+    assert list(experiment.rglob(archive.ARCHIVE)) == [experiment / archive.ARCHIVE]
+    assert (
+        experiment / archive.ARCHIVE
+    ).stat().st_size < 0.6 * sizes  # the second launch's rows: nearly free
+    assert not (experiment / "timeline.jsonl").exists() and (experiment / "launch1/report.md").is_file()
     with tarfile.open(experiment / archive.ARCHIVE) as tar:
-        assert (
-            "launch1/runs/S2/results/steps.jsonl" in tar.getnames()
-            and "launch1/report.md" not in tar.getnames()
-        )
-    shutil.rmtree(experiment / "launch1/runs")
-    (tmp_path / "launch2.tar.xz").rename(experiment / "launch2/rows.tar.xz")
+        assert "launch2/runs/S2/results/steps.jsonl" in tar.getnames() and "timeline.jsonl" in tar.getnames()
     monkeypatch.chdir(tmp_path)
     assert archive.glob("experiment/launch1/runs/S*") == [
         Path("experiment/launch1/runs/S0"),
         Path("experiment/launch1/runs/S2"),
     ]
-    assert Run(experiment / "launch1/runs/S2").scores == Run(plain / "runs/S2").scores
+    assert Run(experiment / "launch2/runs/S2").scores == Run(plain / "runs/S2").scores
     copy = archive.unpack(experiment / "launch1", tmp_path / "launch1-copy")
     whole = archive.unpack(experiment, tmp_path / "experiment-copy")
     for launch in (copy, whole / "launch1", whole / "launch2"):
@@ -99,6 +103,11 @@ def test_an_archive_above_serves_its_launches_as_their_own_would(plain, tmp_path
         assert (launch / "runs/S0/results/steps.jsonl").read_bytes() == (
             plain / "runs/S0/results/steps.jsonl"
         ).read_bytes()
+    assert (whole / "timeline.jsonl").read_text() == '{"t": 0}\n'
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty/README.md").write_text("no rows here\n")
+    with pytest.raises(archive.ArchiveError, match=r"empty: no archive below it and no plain rows to merge"):
+        archive.merge(tmp_path / "empty")
 
 
 def test_pack_is_deterministic_and_refuses_an_existing_archive(plain, tmp_path):

@@ -33,7 +33,9 @@
 #                     before `pack`, the last watch call's archive holds every pair that had finished by then
 #   pack              the rows into $OUT (<plan name>.tar.xz)
 # Afterwards, here: `make launch PLAN=docs/experiment-qwen15/plan.yaml STAGE=unpack` into docs/experiment-qwen15/launchN
-# with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json).
+# with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json), then
+# `python -m rundir.archive merge docs/experiment-qwen15`: the leases' step-0 rows (copies) stored once, so the tree
+# stays near 20 MB (each call carries it).
 # The first lease's step-0 files are a free check of the code since the trial (823d75a): same base bytes, same eval
 # seeds and sets, so launch1's eval_step000*.jsonl must equal throughput3's byte for byte (PLAN.md, between leases).
 # On an H100 the same comparison says whether the two GPU models compute the same rows.

@@ -88,10 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     plan = load(args.plan)
-    if args.stage in (
-        "base",
-        "train",
-    ):  # --smoke and the embedded plans read the shipped files, tracked as .xz
+    # --smoke and the embedded plans read the shipped files, tracked as .xz
+    if args.stage in ("base", "train"):
         shipped.unpack()
     work = (args.work or ROOT / "artifacts" / plan.name).resolve()
     out = args.out or Path(os.environ.get("OUT") or work / "out")

@@ -10,7 +10,7 @@
 #     lock's versions (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl)
 #   python tools/carry.py split .whl/*.whl --name whl        # one call
 #   python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
-#     artifacts/real/math500.jsonl --name q15        # ~26 calls
+#     artifacts/real/math500.jsonl --name q15        # 25 calls at the tree of 2026-12-05 (19.8 MB; 27 at 23.0 MB)
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
 #                     (docs/performance/probe-bf16.sh; the start call starts the launcher, whose conversion

@@ -51,12 +51,13 @@ def shared_step0(work: Path) -> Path | None:
     return None
 
 
-def cannot_finish(seed: int | None, started: set, took: list[float], left: float) -> bool:
+def cannot_finish(seed: int | None, started: set, took: list[float], left: float, rounds: int = 1) -> bool:
     """Whether `seed`'s pair would begin now (no run of it started, in this launch or an earlier one) with fewer
-    seconds `left` than the quickest run this launch finished `took`. A pair the budget cuts is left out and rerun
-    under a new seed (issue 62's rule 4): starting it only adds rows no report reads, while a seed not started stays
-    for the next lease."""
-    return seed not in started and bool(took) and min(took) > left
+    seconds `left` than it needs: the quickest run this launch finished `took`, once per round of runs its GPU
+    takes the pair in (two where one run goes at a time, as the 1.5B's on an H100). A pair the budget cuts is left
+    out and rerun under a new seed (issue 62's rule 4): starting it only adds rows no report reads, while a seed not
+    started stays for the next lease."""
+    return seed not in started and bool(took) and min(took) * rounds > left
 
 
 def drop_weights(run: Path) -> None:
@@ -199,10 +200,12 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         while running < disk and (room := [g for g in slots if g.has_room()]):
             gpu = min(room, key=lambda g: len(g.running))  # the least busy GPU first: the disk's cap evenly
             left = deadline - time.perf_counter()
-            if cannot_finish(seed := gpu.queue[0][2], started, list(took.values()), left):
+            pair = sum(q[2] == (seed := gpu.queue[0][2]) for q in gpu.queue)
+            rounds = -(-pair // gpu.parallel)  # its runs in rounds of what the GPU runs at a time
+            if cannot_finish(seed, started, list(took.values()), left, rounds):
                 gpu.queue = [q for q in gpu.queue if q[2] != seed]
-                gpu.note(f"seed {seed}'s pair not started: the quickest finished run took {min(took.values()):.0f} s, "
-                         f"{left:.0f} s are left")  # fmt: skip
+                gpu.note(f"seed {seed}'s pair not started: the quickest finished run took {min(took.values()):.0f} s "
+                         f"(x{rounds}, {pair} runs, {gpu.parallel} at a time), {left:.0f} s are left")  # fmt: skip
                 timeline.event("skip", seed=seed, left_s=round(left))
                 continue
             start(gpu)

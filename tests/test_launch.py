@@ -261,7 +261,8 @@ def smoke_train(work: Path, out: Path, *flags: str) -> list[str]:
     return [PLANS[0], "train", "--smoke", *flags, "--work", str(work), "--out", str(out)]
 
 
-def test_a_seed_pair_the_budget_cannot_finish_is_not_started(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("parallel, rounds", [(2, 1), (1, 2)])
+def test_a_seed_pair_the_budget_cannot_finish_is_not_started(parallel, rounds, tmp_path, monkeypatch, capsys):
     """A new pair starts only while the quickest run the launch finished would still end before the deadline: a pair
     cut by the budget is left out (issue 62's rule 4), a pair not started keeps its seed for the next lease."""
     from launch import runs
@@ -270,16 +271,19 @@ def test_a_seed_pair_the_budget_cannot_finish_is_not_started(tmp_path, monkeypat
     assert runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 300.0)
     assert not runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 450.0)
     assert not runs.cannot_finish(2, {2}, [440.0], 10.0)  # its partner started: a pair always runs whole
+    # one run at a time (the 1.5B on an H100): the pair's two runs go one after the other
+    assert runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 600.0, rounds=2)
+    assert not runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 900.0, rounds=2)
     asked = []
 
-    def say_seed_5_cannot(seed, started, took, left):  # the launcher's wiring: what it measured, what it asks
-        asked.append((seed, set(started), list(took), left))
+    def say_seed_5_cannot(seed, started, took, left, rounds):  # the launcher's wiring: what it measured, asks
+        asked.append((seed, set(started), list(took), left, rounds))
         return seed == 5 and bool(took)
 
     monkeypatch.setattr(runs, "cannot_finish", say_seed_5_cannot)
     work, out = tmp_path / "w", tmp_path / "o"
     assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
-    train = smoke_train(work, out, "--seeds", "4,5", "--parallel", "2")
+    train = smoke_train(work, out, "--seeds", "4,5", "--parallel", str(parallel))
     assert launch_main(train) == 0
     printed = capsys.readouterr().out
     assert sorted(p.name for p in (work / "runs").iterdir() if p.is_dir()) == [
@@ -292,6 +296,10 @@ def test_a_seed_pair_the_budget_cannot_finish_is_not_started(tmp_path, monkeypat
     )
     seed5 = [a for a in asked if a[0] == 5 and a[2]]
     assert seed5 and seed5[0][1] == {4} and len(seed5[0][2]) >= 1 and min(seed5[0][2]) > 0 and seed5[0][3] > 0
+    assert {a[4] for a in asked if a[0] == 5} == {
+        rounds
+    }  # a pair's two runs: one round at 2 at a time, two at 1
+    assert f"(x{rounds}, 2 runs, {parallel} at a time)" in printed
     timeline = [json.loads(x) for x in (work / "runs/timeline.jsonl").read_text().splitlines()]
     assert [e["seed"] for e in timeline if e["event"] == "skip"] == [5]
 

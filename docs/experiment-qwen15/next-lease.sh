@@ -23,7 +23,8 @@
 #                     not started stays for the next lease); a pair that starts and does not reach step 30 is left
 #                     out and rerun with the next unused seed from 100 (deviation rule 4)
 #                     On an H100 (the device tool may lend one: PLAN.md, amendment 2) the same calls: the launcher
-#                     runs one 1.5B run at a time there, so pass one or two pairs' seeds.
+#                     runs one 1.5B run at a time there, so pass one or two pairs' seeds (a pair starts only
+#                     while both its runs, one after the other, fit the budget).
 #                     A later lease adds STEP0, a committed launch folder (e.g. docs/experiment-qwen15/launch1): its
 #                     first run's step-0 rows are unpacked and every run copies them (`train --step0-from`; each
 #                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays

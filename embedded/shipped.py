@@ -3,7 +3,7 @@
 The tracked tree travels to the GPU machine with every call (64 MiB a call, the tree included), so it is kept
 at 20 MB or less. The shipped base's fp32 weights (12.5 MB) and the embedded task snapshot (0.43 MB) are tracked as
 `.xz` (10.6 MB and 37 KB) and unpacked into the plain files every recipe, plan and test names, which git ignores.
-`make setup`, the Makefile's run targets, the suite (tests/conftest.py) and the launcher unpack; each file's bytes
+`make setup`, `make train`, the suite (tests/conftest.py) and the launcher unpack them; each file's bytes
 are pinned here by sha256. A plain file that is there with other bytes is refused by name, never replaced.
 
     python -m embedded.shipped                     # unpack (nothing to do where the plain files are the pinned bytes)
@@ -14,9 +14,10 @@ are pinned here by sha256. A plain file that is there with other bytes is refuse
 import argparse
 import hashlib
 import lzma
-import os
 import sys
 from pathlib import Path
+
+from data.atomic import sha256_file, write_atomic
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = {
@@ -32,17 +33,13 @@ class ShippedError(ValueError):
     """A shipped file we cannot unpack, or a plain file that is not the shipped bytes; the message names it."""
 
 
-def sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def unpack(root: Path = ROOT) -> list[Path]:
     """Every shipped file from its `.xz`, where the plain file is not there yet; returns those written."""
     written = []
     for name, pinned in SHIPPED.items():
         plain, packed = root / name, root / f"{name}.xz"
         if plain.is_file():
-            if sha256(plain.read_bytes()) != pinned:
+            if sha256_file(plain) != pinned:
                 raise ShippedError(
                     f"{plain}: not the shipped bytes of {packed.name} (sha256 pinned {pinned[:12]}…); move it away to unpack"
                 )
@@ -51,14 +48,11 @@ def unpack(root: Path = ROOT) -> list[Path]:
             data = lzma.decompress(packed.read_bytes())
         except (OSError, lzma.LZMAError) as e:
             raise ShippedError(f"{packed}: not a readable .xz ({e})") from None
-        if sha256(data) != pinned:
+        if (sha := hashlib.sha256(data).hexdigest()) != pinned:
             raise ShippedError(
-                f"{packed}: unpacks to sha256 {sha256(data)[:12]}…, embedded/shipped.py pins {pinned[:12]}…"
+                f"{packed}: unpacks to sha256 {sha[:12]}…, embedded/shipped.py pins {pinned[:12]}…"
             )
-        tmp = plain.with_name(f".{plain.name}.tmp-{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, plain)  # whole or absent; two processes unpacking at once write the same bytes
-        written.append(plain)
+        written.append(write_atomic(plain, data))  # two processes unpacking at once write the same bytes
     return written
 
 
@@ -71,10 +65,7 @@ def pack(plain: Path) -> Path:
     blob = lzma.compress(data, format=lzma.FORMAT_XZ, check=lzma.CHECK_CRC64, filters=FILTERS)
     if lzma.decompress(blob) != data:
         raise ShippedError(f"{plain}: its .xz reads back with other bytes; nothing written")
-    tmp = packed.with_name(f".{packed.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(blob)
-    os.replace(tmp, packed)
-    return packed
+    return write_atomic(packed, blob)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.pack:
             packed = pack(args.pack)
             print(
-                f"{packed}: {packed.stat().st_size} bytes; sha256 of {args.pack.name}: {sha256(args.pack.read_bytes())}"
+                f"{packed}: {packed.stat().st_size} bytes; sha256 of {args.pack.name}: {sha256_file(args.pack)}"
             )
         else:
             for path in unpack():

@@ -222,11 +222,12 @@ def merge(folder: Path) -> Path:
     launches share (the base's rows, step 0's) are then stored once. Every member is checked against what the
     readers gave before, and the new archive is in place before anything it replaces is removed."""
     folder = Path(folder)
-    inner = [a for a in folder.rglob(ARCHIVE) if a != folder / ARCHIVE]
+    own = folder / ARCHIVE
+    inner = [a for a in folder.rglob(ARCHIVE) if a != own]
     plain = [p for p in folder.rglob("*") if p.is_file() and packed(p)]
     if not inner and not plain:
         raise ArchiveError(f"{folder}: no archive below it and no plain rows to merge")
-    archives = inner + [folder / ARCHIVE] * (folder / ARCHIVE).is_file()
+    archives = inner + ([own] if own.is_file() else [])
     before = {(a.parent / n).relative_to(folder).as_posix() for a in archives for n in _members(a)}
     before |= {p.relative_to(folder).as_posix() for p in plain}
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
@@ -236,10 +237,10 @@ def merge(folder: Path) -> Path:
         for name, data in _members(merged).items():
             if read_bytes(folder / name) != data:
                 raise ArchiveError(f"{folder / name}: merged with other bytes; nothing changed")
-        merged.replace(folder / ARCHIVE)
+        merged.replace(own)
     for path in inner + plain:
         path.unlink()
-    return folder / ARCHIVE
+    return own
 
 
 def main(argv: list[str] | None = None) -> int:

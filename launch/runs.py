@@ -6,8 +6,8 @@ GPU: the environment as it is). On each GPU runs go `budget.parallel` at a time,
 earlier invocation left is resumed (`--resume`, exactly), a finished one is skipped. On a fresh start each GPU's
 first run goes alone until its first step row (it fills the compile caches the others then read), and that GPU's
 number at a time is cut to what it holds at the leader's measured memory; the disk, shared, bounds the runs of all
-GPUs together. Once a run has finished, a new seed pair starts only while that quickest run's time still fits the
-budget. When the budget is spent every run gets SIGTERM (it ends its step, saves it and exits; the next
+GPUs together. Once a run has finished, a new seed pair starts only while that quickest run's time, once per round
+its GPU takes the pair in, still fits the budget. When the budget is spent every run gets SIGTERM (it ends its step, saves it and exits; the next
 invocation resumes it), then SIGINT to the group (it keeps its last saved state), then SIGKILL. Each run's
 settings come from launch/settings.py; what comes back is packed by launch/pack.py.
 """

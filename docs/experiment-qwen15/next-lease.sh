@@ -14,7 +14,8 @@
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
 #                     (docs/performance/probe-bf16.sh; the start call starts the launcher, whose conversion
-#                     is CPU work, then stops the probe within 40 s if it has not ended)
+#                     is CPU work, then stops the probe within PROBE_WAIT_S s, default 40, if it has not ended;
+#                     PROBE_WAIT_S=0 where the budget is tight: the probe's finished parts are still packed)
 #   receive K         every q15 part but the last
 #   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
 #                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
@@ -68,7 +69,7 @@ start)  # start LAST SEEDS BUDGET [STEP0]
   fi
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" --detach
-  for _ in $(seq 40); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
+  for _ in $(seq ${PROBE_WAIT_S:-40}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
   cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
   mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
   cp /tmp/probe/*.log /tmp/pj/ 2>/dev/null; tar -C /tmp/pj -czf $OUT/probe-bf16.tar.gz .

@@ -39,7 +39,10 @@ receive-caches)  # receive-caches K: a part of lease A's compile-caches.tar.gz
 warm)  # lease A: the benchmark compiling and autotuning into $C, then those caches packed into $OUT
   install
   timeout 450 python3 -m bench.grpo_step $B --out $OUT/warm > $OUT/warm.log 2>&1; echo "rc $?"; steps $OUT/warm/grpo_step.json
-  python3 -c "from pathlib import Path; from launch.pack import pack_caches; pack_caches(Path('$C'), Path('$OUT'))" ;;
+  python3 -c "from pathlib import Path; from launch.pack import pack_caches; pack_caches(Path('$C'), Path('$OUT'))"
+  # a file from a call is at most 16 MiB: larger caches come back in parts (cat compile-caches.tar.gz.part* here)
+  A=$OUT/compile-caches.tar.gz; [ "$(stat -c %s $A)" -le 16000000 ] || { split -b 16000000 -d $A $A.part && rm $A; }
+  ls -l $OUT ;;
 carried)  # carried LAST: lease B on a bare machine: A's caches unpacked, then the same benchmark
   install
   python3 tools/carry.py receive .carry/c182/call$(printf %02d $2) && python3 tools/carry.py join c182 --out /tmp/c182in > $OUT/joinc.log 2>&1 || { cat $OUT/joinc.log; exit 1; }

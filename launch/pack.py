@@ -60,21 +60,26 @@ def unpack(plan: Plan, archive: Path, into: Path) -> int:
     return 0
 
 
-CACHES = ("cache/inductor", "cache/triton")  # the launch's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR
+# the launch's TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR and TILELANG_CACHE_DIR (fla's Hopper backward is JIT-compiled
+# by TileLang: ~20 s a process that Inductor's and Triton's caches do not hold; docs/PERFORMANCE.md, ninth lease)
+CACHES = ("cache/inductor", "cache/triton", "cache/tilelang")
 
 
 def cache_key() -> dict:
-    """What compiled kernels depend on: torch, Triton and the GPU (a cache from another is not used)."""
+    """What compiled kernels depend on: torch, Triton, TileLang and the GPU (a cache from another is not used)."""
+    import importlib.metadata
+
     import torch
 
-    try:
-        import triton
+    def version(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
 
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"torch": torch.__version__, "triton": triton_version, "gpu": gpu, "cuda": torch.version.cuda}
+    return {"torch": torch.__version__, "triton": version("triton"), "tilelang": version("tilelang"), "gpu": gpu,
+            "cuda": torch.version.cuda}  # fmt: skip
 
 
 def pack_caches(work: Path, out: Path) -> Path | None:

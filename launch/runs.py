@@ -85,8 +85,9 @@ def cache_env(work: Path) -> dict[str, str]:
     """One compile cache for every run of the launch: the leader compiles, the others read (issue 60), and `pack
     --with-caches` carries it to the next lease. Triton (>= 3.4) also keeps its autotuners' choices there
     (TRITON_CACHE_AUTOTUNING; fla's and our Triton kernels): every run then times no config another timed, and
-    all of them run the same configs."""
-    dirs = dict(zip(("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"), (str(work / c) for c in CACHES)))
+    all of them run the same configs. TileLang's kernels (fla's on Hopper) are cached there too."""
+    names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TILELANG_CACHE_DIR")
+    dirs = dict(zip(names, (str(work / c) for c in CACHES), strict=True))
     return {**dirs, "TRITON_CACHE_AUTOTUNING": "1"}
 
 

@@ -247,7 +247,9 @@ def test_compile_caches_travel_to_the_next_lease_only_to_the_same_torch_triton_a
     assert (tmp_path / "lease2/cache/triton/K1/kernel.cubin").read_bytes() == b"compiled"
     assert not pack.unpack_caches(archive, tmp_path / "lease2")  # never over caches already there
     monkeypatch.setattr(
-        pack, "cache_key", lambda: {"torch": "9.9", "triton": "3.6.0", "gpu": "cpu", "cuda": None}
+        pack,
+        "cache_key",
+        lambda: {"torch": "9.9", "triton": "3.6.0", "tilelang": None, "gpu": "cpu", "cuda": None},
     )
     assert not pack.unpack_caches(archive, tmp_path / "lease3") and not (tmp_path / "lease3").exists()
     assert "not used (torch" in capsys.readouterr().out
@@ -266,11 +268,13 @@ def test_every_run_writes_the_caches_that_pack_carries_autotuning_included(tmp_p
 
     env = cache_env(tmp_path)
     assert env["TRITON_CACHE_AUTOTUNING"] == "1"
-    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TILELANG_CACHE_DIR"):
         (Path(env[var]) / "entry").parent.mkdir(parents=True)
         (Path(env[var]) / "entry").write_bytes(var.encode())
     with tarfile.open(pack.pack_caches(tmp_path, tmp_path / "out")) as tar:
-        assert {"cache/inductor/entry", "cache/triton/entry"} <= set(tar.getnames())
+        assert {"cache/inductor/entry", "cache/triton/entry", "cache/tilelang/entry"} <= set(tar.getnames())
+    assert pack.unpack_caches(tmp_path / "out/compile-caches.tar.gz", tmp_path / "next")
+    assert (tmp_path / "next/cache/tilelang/entry").read_bytes() == b"TILELANG_CACHE_DIR"
 
 
 def test_the_15b_trial_figures_recompute_from_its_rows():
@@ -388,3 +392,28 @@ def test_the_conversion_figures_recompute_from_their_json():
         assert row in text, row
     weights = {r["sha256"]["model.safetensors"] for r in runs.values()}
     assert len(weights) == 1 and f"model.safetensors is\n  {weights.pop()[:8]}…" in text
+
+
+def test_the_bare_machine_figures_recompute_from_their_json():
+    """docs/PERFORMANCE.md's ninth lease: the 1.82B benchmark's step 1 against step 2 in a process that compiles
+    everything, in fresh processes given only the carried caches, and with TileLang's cache carried too; the bf16
+    rollout probe against the eighth lease's float32 figure."""
+    lease = ROOT / "docs/performance/h200-2026-12-05c"
+
+    def ratio(name):
+        steps = json.loads((lease / name).read_text())["runs"]["ours"]["steps"]
+        one, two = (s["seconds"]["total"] for s in steps)
+        return round(one, 1), round(two, 1), round(one / two, 2)
+
+    assert ratio("warm.json") == (271.7, 13.9, 19.6)
+    assert ratio("carried-1.json") == (44.4, 13.7, 3.23)
+    assert ratio("carried-2.json") == (46.8, 13.7, 3.42)
+    assert ratio("carried-tilelang.json") == (25.0, 13.3, 1.87)  # issue 60's bar: <= 2
+    bf16 = json.loads((lease / "rollout-bf16.json").read_text())
+    fp32 = json.loads((ROOT / "docs/performance/h200-2026-12-05b/probe-one-1.json").read_text())
+    assert bf16["args"]["dtype"] == "bfloat16"
+    assert (bf16["args"]["batch"], bf16["args"]["new"]) == (128, "64,384")
+    assert (fp32["args"]["batch"], fp32["args"]["new"]) == (128, "64,384")
+    assert round(bf16["compiled"]["step_ms"], 2) == 4.27 and round(fp32["compiled"]["step_ms"], 2) == 6.13
+    assert round(fp32["compiled"]["step_ms"] / bf16["compiled"]["step_ms"], 2) == 1.44
+    assert round(bf16["floor"]["floor_ms"], 2) == 0.97

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# Issue 60's bare-machine bar, prepared 2026-12-05 (no device lent; not run yet): a bare H200 with the caches an earlier
-# lease carried reaches step 1 of the 1.82B benchmark in <= 2x its step-2 time (an outside run: 226 s against 13.4 s,
-# fla installed, nothing carried). Two leases; one part per device call, from the repository root, back to back.
+# Issue 60's bare-machine bar: a bare H200 with the caches an earlier lease carried reaches step 1 of the 1.82B
+# benchmark in <= 2x its step-2 time (an outside run: 226 s against 13.4 s, fla installed, nothing carried). Two
+# leases; one part per device call, from the repository root, back to back.
+# Lease A ran 2026-12-05 (ninth lease, docs/performance/h200-2026-12-05c: `receive 1`, `warm` at bb97725). The same
+# machine then ran the benchmark in fresh processes given only the carried archive (3.2x, 3.4x) and with TileLang's
+# own cache (~/.tilelang) carried too (1.87x): fla's Hopper backward is JIT-compiled by TileLang, which Inductor's and
+# Triton's caches do not hold, so TILELANG_CACHE_DIR is now one of the carried folders (launch/pack.py CACHES). Here,
+# lease A's two archives were merged into .carry/c182src/compile-caches.tar.gz (key with tilelang 0.1.9, the version
+# lease A installed; PERFORMANCE.md says how) and split: `python tools/carry.py split <it> --name c182`, one call.
+# Lease B (not run yet): a fresh machine, `receive 1`, then `carried 1`.
 # Here, before either: fla 0.6.0 + tilelang 0.1.9 and the trainer's wheels, split as in h200-2026-12-04d/lease.sh's
 # header (`python tools/carry.py split ... --name fla`, two calls).
 #   Lease A (any lease with time left):  receive 1; warm   (the 1.82B benchmark, 2 steps, its caches into $OUT)
@@ -14,7 +21,8 @@ set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 FLA_SITE=/tmp/flasite C=/tmp/c182
 # one cache folder for Inductor, Triton and Triton's autotuning, as a launch's runs have (launch/runs.py cache_env)
-export TORCHINDUCTOR_CACHE_DIR=$C/cache/inductor TRITON_CACHE_DIR=$C/cache/triton TRITON_CACHE_AUTOTUNING=1
+export TORCHINDUCTOR_CACHE_DIR=$C/cache/inductor TRITON_CACHE_DIR=$C/cache/triton TRITON_CACHE_AUTOTUNING=1 \
+  TILELANG_CACHE_DIR=$C/cache/tilelang
 B="--steps 2 --p-ended 0 --no-plain --compile-norms-mlp"
 echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
 install() {  # the fla call's wheels: the trainer's into the interpreter, fla and tilelang under $FLA_SITE

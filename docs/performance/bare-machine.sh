@@ -6,8 +6,10 @@
 # machine then ran the benchmark in fresh processes given only the carried archive (3.2x, 3.4x) and with TileLang's
 # own cache (~/.tilelang) carried too (1.87x): fla's Hopper backward is JIT-compiled by TileLang, which Inductor's and
 # Triton's caches do not hold, so TILELANG_CACHE_DIR is now one of the carried folders (launch/pack.py CACHES). Here,
-# lease A's two archives were merged into .carry/c182src/compile-caches.tar.gz (key with tilelang 0.1.9, the version
-# lease A installed; PERFORMANCE.md says how) and split: `python tools/carry.py split <it> --name c182`, one call.
+# lease A's two archives (.carry/c182a/: compile-caches.tar.gz, tilelang-cache.tar.gz) were merged into
+# .carry/c182src/compile-caches.tar.gz by hand: A's key.json with "tilelang": "0.1.9" (the version lease A installed),
+# A's members, then .tilelang/cache/* renamed cache/tilelang/*; `launch.pack.unpack_caches` takes it (2,635 entries).
+# Split: `python tools/carry.py split .carry/c182src/compile-caches.tar.gz --name c182`, one call.
 # Lease B (not run yet): a fresh machine, `receive 1`, then `carried 1`.
 # Here, before either: fla 0.6.0 + tilelang 0.1.9 and the trainer's wheels, split as in h200-2026-12-04d/lease.sh's
 # header (`python tools/carry.py split ... --name fla`, two calls).
@@ -20,7 +22,7 @@
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 FLA_SITE=/tmp/flasite C=/tmp/c182
-# one cache folder for Inductor, Triton and Triton's autotuning, as a launch's runs have (launch/runs.py cache_env)
+# one cache folder for Inductor, Triton, Triton's autotuning and TileLang, as a launch's runs have (launch/runs.py cache_env)
 export TORCHINDUCTOR_CACHE_DIR=$C/cache/inductor TRITON_CACHE_DIR=$C/cache/triton TRITON_CACHE_AUTOTUNING=1 \
   TILELANG_CACHE_DIR=$C/cache/tilelang
 B="--steps 2 --p-ended 0 --no-plain --compile-norms-mlp"

@@ -71,14 +71,18 @@ def cache_key() -> dict:
 
     import torch
 
-    def version(dist: str) -> str | None:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            return None
+    try:
+        import triton
 
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    try:  # its metadata, not an import: importing TileLang loads TVM
+        tilelang_version = importlib.metadata.version("tilelang")
+    except importlib.metadata.PackageNotFoundError:
+        tilelang_version = None
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"torch": torch.__version__, "triton": version("triton"), "tilelang": version("tilelang"), "gpu": gpu,
+    return {"torch": torch.__version__, "triton": triton_version, "tilelang": tilelang_version, "gpu": gpu,
             "cuda": torch.version.cuda}  # fmt: skip
 
 

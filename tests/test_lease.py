@@ -417,3 +417,8 @@ def test_the_bare_machine_figures_recompute_from_their_json():
     assert round(bf16["compiled"]["step_ms"], 2) == 4.27 and round(fp32["compiled"]["step_ms"], 2) == 6.13
     assert round(fp32["compiled"]["step_ms"] / bf16["compiled"]["step_ms"], 2) == 1.44
     assert round(bf16["floor"]["floor_ms"], 2) == 0.97
+    text = (ROOT / "docs/PERFORMANCE.md").read_text()
+    for figure in ("| 271.7 (97.1, 173.6) | 13.9 | 19.6× |", "| 44.4 (14.9, 28.6) | 13.7 | 3.2× |",
+                   "| 46.8 (13.9, 32.2) | 13.7 | 3.4× |", "| **25.0** (14.2, 9.9) | 13.3 | **1.87×** |",
+                   "**4.27 ms a decode step**, against 6.13 ms", "**1.44×**", "is 0.97 ms"):  # fmt: skip
+        assert figure in text, figure

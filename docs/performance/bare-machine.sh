@@ -10,12 +10,14 @@
 # .carry/c182src/compile-caches.tar.gz by hand: A's key.json with "tilelang": "0.1.9" (the version lease A installed),
 # A's members, then .tilelang/cache/* renamed cache/tilelang/*; `launch.pack.unpack_caches` takes it (2,635 entries).
 # Split: `python tools/carry.py split .carry/c182src/compile-caches.tar.gz --name c182`, one call.
-# Lease B (not run yet): a fresh machine, `receive 1`, then `carried 1`.
+# Lease B (not run yet): a fresh machine, `receive 1`, `receive 2`, then `carried 1` carrying c182's call alone (fla's
+# call02 with c182's call01 and the tree come to 73 MB, over a call's 64 MiB; `install` takes call02 when it was carried
+# in an earlier call of the same machine).
 # Here, before either: fla 0.6.0 + tilelang 0.1.9 and the trainer's wheels, split as in h200-2026-12-04d/lease.sh's
 # header (`python tools/carry.py split ... --name fla`, two calls).
 #   Lease A (any lease with time left):  receive 1; warm   (the 1.82B benchmark, 2 steps, its caches into $OUT)
 #   Here: python tools/carry.py split <A's compile-caches.tar.gz> --name c182
-#   Lease B, first calls of a fresh machine:  receive 1; receive-caches K (all but the last c182 call);
+#   Lease B, first calls of a fresh machine:  receive 1; receive 2; receive-caches K (all but the last c182 call);
 #     carried LAST   (the same benchmark with A's caches unpacked first: step 1 against step 2)
 # The caches are keyed by torch, Triton, GPU and CUDA (launch/pack.py); a machine of another key refuses them in one
 # line and compiles anew, and then `carried` measures a cold start.
@@ -28,7 +30,8 @@ export TORCHINDUCTOR_CACHE_DIR=$C/cache/inductor TRITON_CACHE_DIR=$C/cache/trito
 B="--steps 2 --p-ended 0 --no-plain --compile-norms-mlp"
 echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
 install() {  # the fla call's wheels: the trainer's into the interpreter, fla and tilelang under $FLA_SITE
-  python3 tools/carry.py receive .carry/fla/call02 && python3 tools/carry.py join fla --out /tmp/fla > $OUT/join.log 2>&1 || exit 1
+  if [ -d .carry/fla/call02 ]; then python3 tools/carry.py receive .carry/fla/call02 || exit 1; fi  # else `receive 2` took it
+  python3 tools/carry.py join fla --out /tmp/fla > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   python3 -m pip install -q --no-index --no-deps /tmp/fla/trl-*.whl /tmp/fla/datasets-*.whl /tmp/fla/dill-*.whl \
     /tmp/fla/multiprocess-*.whl /tmp/fla/evaluate-*.whl /tmp/fla/math_verify-*.whl /tmp/fla/latex2sympy2_extended-*.whl \
     /tmp/fla/antlr4_python3_runtime-*.whl /tmp/fla/gguf-*.whl > $OUT/wheels.log 2>&1

@@ -47,6 +47,17 @@ def test_launch_2s_lease_figure_and_timeline_recompute_from_its_rows():
     )
 
 
+def test_the_15b_experiments_first_lease_figure_recomputes_from_its_rows():
+    """Issue 62's first pairs lease (an H100): one pair of 30 steps, one run at a time, in PERFORMANCE.md's table."""
+    q15 = QWEN.parent / "experiment-qwen15"
+    g = figures(q15 / "launch1")
+    assert (g["lease_s"], g["run_steps"], g["runs"], g["calls"]) == (1383, 60, 2, 29)
+    assert round(g["lease_s_per_run_step"], 2) == 23.05 and round(g["sampled_per_trained_group"], 2) == 3.10
+    assert (g["runs_going_median"], g["runs_going_max"]) == (1, 1)  # the H100 holds one 1.5B run (amendment 2)
+    row = table({"1.5B launch1 (H100)": q15 / "launch1"}).splitlines()[-1]
+    assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
+
+
 def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():
     one, two = load(QWEN / "plan.yaml"), load(QWEN / "plan-launch2.yaml")
     differ = {f for f in one.__dataclass_fields__ if getattr(one, f) != getattr(two, f)}

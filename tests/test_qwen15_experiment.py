@@ -138,3 +138,37 @@ def test_the_final_training_design_is_what_the_trial_measured():
         f"**Lease figure: {g['lease_s_per_run_step']:.1f} s of lease a run-step**"
         in (DOCS / "PLAN.md").read_text()
     )
+
+
+def test_the_readme_report_is_what_the_report_command_prints():
+    from launch.report import report
+
+    readme = (DOCS / "README.md").read_text()
+    block = readme.split("<!-- report -->\n", 1)[1].split("<!-- /report -->", 1)[0]
+    assert block == report(PLAN)
+
+
+def test_every_training_run_ran_from_the_final_plan_or_later_and_skipped_no_update():
+    """Issue 62's bars, from the committed rows: every run.json names a commit at or after the plan's last
+    registered change (amendment 2, 5862de6), each run of a pair ran on one GPU model, and no update was skipped
+    for a non-finite gradient."""
+    import subprocess
+
+    import pytest
+
+    from rundir import archive
+
+    runs = archive.glob(str(DOCS / "launch*/qwen15-*"))
+    assert len(runs) >= 2
+    devices = {}
+    for run in runs:
+        meta = json.loads(archive.read_bytes(run / "run.json"))
+        commit = meta["code"]["commit"]
+        git = subprocess.run(["git", "merge-base", "--is-ancestor", "5862de6", commit], cwd=REPO)
+        if git.returncode not in (0, 1):
+            pytest.skip("no git history here to order the commits")
+        assert git.returncode == 0, f"{run.name}: commit {commit} is before the plan's amendment 2"
+        devices.setdefault(run.name.rsplit("-s", 1)[1], set()).add(meta["launch"]["device"])
+        steps = [json.loads(line) for line in archive.read_bytes(run / "results/steps.jsonl").splitlines()]
+        assert len(steps) == PLAN.steps and not any(s["update_skipped"] for s in steps), run.name
+    assert all(len(d) == 1 for d in devices.values())

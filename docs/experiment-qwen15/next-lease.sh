@@ -38,9 +38,10 @@
 # with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json), then
 # `python -m rundir.archive merge docs/experiment-qwen15`: the leases' step-0 rows (copies) stored once, so the tree
 # stays near 20 MB (each call carries it).
-# The first lease's step-0 files are a free check of the code since the trial (823d75a): same base bytes, same eval
-# seeds and sets, so launch1's eval_step000*.jsonl must equal throughput3's byte for byte (PLAN.md, between leases).
-# On an H100 the same comparison says whether the two GPU models compute the same rows.
+# Lease 1 (2026-12-05, an H100, launch1/) ran seed 0's pair. Its step-0 files differ from throughput3's (the H200) in
+# 880 of 1,856 samples: the two GPU models compute different rows (PLAN.md, "The leases"). The next lease: seeds 1,2,3
+# on an H200 (it evaluates step 0 itself), seeds 1,2 with STEP0 docs/experiment-qwen15/launch1 on an H100; its rows
+# unpack into launch2.
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

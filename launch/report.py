@@ -212,7 +212,8 @@ def arm_trajectory(lx: Launch, fixed: str) -> str:
         arm: [(Run(lx.dir(arm, s)), {r["step"]: r for r in _steps(lx.dir(arm, s))}) for s in seeds]
         for arm in lx.arms
     }
-    formats = ("{:.1f}",) * 5 + ("{:.3f}", "{:.3g}")  # a median log-prob near 0 (~1e-4) needs digits, not places
+    # a median log-prob near 0 (~1e-4) needs significant digits, not decimal places
+    formats = ("{:.1f}",) * 5 + ("{:.3f}", "{:.3g}")
     for step in range(0, lx.common_step(seeds) + 1, int(lx.plan.eval["every"])):
         means = {}
         for arm, runs in per_arm.items():

@@ -53,7 +53,8 @@ def test_the_15b_experiments_first_lease_figure_recomputes_from_its_rows():
     g = figures(q15 / "launch1")
     assert (g["lease_s"], g["run_steps"], g["runs"], g["calls"]) == (1383, 60, 2, 29)
     assert round(g["lease_s_per_run_step"], 2) == 23.05 and round(g["sampled_per_trained_group"], 2) == 3.10
-    assert (g["runs_going_median"], g["runs_going_max"]) == (1, 1)  # the H100 holds one 1.5B run (amendment 2)
+    # the H100 holds one 1.5B run (amendment 2)
+    assert (g["runs_going_median"], g["runs_going_max"]) == (1, 1)
     row = table({"1.5B launch1 (H100)": q15 / "launch1"}).splitlines()[-1]
     assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
 

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "--results",
         type=Path,
         default=None,
-        help="report: rows from here, not the plan's results (with --out: their analysis.compare report and figures written under it)",
+        help="report: rows from here, not the plan's results (--out writes the analysis.compare report and figures of these runs, or without --results of the plan's pooled launches)",
     )
     ap.add_argument("--archive", type=Path)
     ap.add_argument("--into", type=Path)
@@ -97,9 +97,8 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
         from launch.report import report, write_comparison
 
         print(report(plan, args.results), end="")
-        if (
-            args.results is not None and args.out is not None
-        ):  # fresh runs: their comparison written beside them
+        # the comparison's report.md and figures: of --results, else of the plan's launches
+        if args.out is not None:
             print(f"wrote {write_comparison(plan, args.results, args.out) / 'report.md'}")
         return 0
     if args.stage == "unpack":

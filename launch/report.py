@@ -259,9 +259,17 @@ def compare(lx: Launch, ran_in: str | None = None) -> str:
     return text
 
 
-def write_comparison(plan: Plan, where: Path, out: Path) -> Path:
-    """analysis.compare's report.md and figures of the fresh runs under `where`, the arm against the control over
-    the seeds that ran, at the last step all of them evaluated, into out/<arm>_vs_<control>/ (`make experiment`)."""
+def write_comparison(plan: Plan, where: Path | None, out: Path) -> Path:
+    """analysis.compare's report.md and figures of the fresh runs under `where` (`make experiment`), or, where None,
+    of the committed launches the plan's primary section reads (pooled over "launch*"): the arm against the control
+    over the seeds that ran, at the last step all of them evaluated, into out/<arm>_vs_<control>/."""
+    if where is None:
+        primary = next((s for s in plan.report if s["kind"] == "primary"), None)
+        if primary is None:
+            raise LaunchError(f"{plan.name}: no primary section in its report to draw; pass --results")
+        launch = primary.get("launch", ".")
+        root = ROOT / plan.results
+        where = launch_folders(root, launch) if any(c in launch for c in "*?[") else root / launch
     lx = Launch(plan, where)
     control, arm = lx.arms
     if not (seeds := lx.tested_seeds()):

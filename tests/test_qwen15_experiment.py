@@ -172,3 +172,16 @@ def test_every_training_run_ran_from_the_final_plan_or_later_and_skipped_no_upda
         steps = [json.loads(line) for line in archive.read_bytes(run / "results/steps.jsonl").splitlines()]
         assert len(steps) == PLAN.steps and not any(s["update_skipped"] for s in steps), run.name
     assert all(len(d) == 1 for d in devices.values())
+
+
+def test_the_figures_command_draws_the_pooled_pairs_of_every_lease(tmp_path):
+    """`launch PLAN report --out DIR` without --results: analysis.compare's report and figures over the launches the
+    plan's primary pools ("launch*"), as the README's figures were made."""
+    from launch.__main__ import main
+
+    assert main([str(DOCS / "plan.yaml"), "report", "--out", str(tmp_path)]) == 0
+    folder = tmp_path / "S2_vs_S0"
+    drawn = {p.name for p in folder.glob("*.png")}
+    assert drawn >= {"accuracy.png", "unresolved_rates.png", "output_length.png"}
+    text = (folder / "report.md").read_text()
+    assert "| training seeds | 0 | 0 |" in text and "launch1/qwen15-S2-s0" in text

@@ -41,7 +41,8 @@
 # Lease 1 (2026-12-05, an H100, launch1/) ran seed 0's pair. Its step-0 files differ from throughput3's (the H200) in
 # 880 of 1,856 samples: the two GPU models compute different rows (PLAN.md, "The leases"). The next lease: seeds 1,2,3
 # on an H200 (it evaluates step 0 itself), seeds 1,2 with STEP0 docs/experiment-qwen15/launch1 on an H100; its rows
-# unpack into launch2.
+# unpack into launch2. The first H200 lease's step-0 files are still the free check of the code since the trial
+# (823d75a): same base bytes, eval seeds and sets, so they must equal throughput3's byte for byte.
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -267,9 +267,7 @@ def write_comparison(plan: Plan, where: Path | None, out: Path) -> Path:
         primary = next((s for s in plan.report if s["kind"] == "primary"), None)
         if primary is None:
             raise LaunchError(f"{plan.name}: no primary section in its report to draw; pass --results")
-        launch = primary.get("launch", ".")
-        root = ROOT / plan.results
-        where = launch_folders(root, launch) if any(c in launch for c in "*?[") else root / launch
+        where = launch_where(ROOT / plan.results, primary.get("launch", "."))
     lx = Launch(plan, where)
     control, arm = lx.arms
     if not (seeds := lx.tested_seeds()):
@@ -533,6 +531,11 @@ def trajectory(lx: Launch, fixed: str, seed: int = 0) -> str:
     return "\n".join(lines) + "\n"
 
 
+def launch_where(where: Path, launch: str) -> Path | list[Path]:
+    """A section's `launch`: one folder under `where`, or a pattern ("launch*") that pools the matching folders."""
+    return launch_folders(where, launch) if any(c in launch for c in "*?[") else where / launch
+
+
 def launch_folders(where: Path, pattern: str) -> list[Path]:
     """The launch folders under `where` that `pattern` ("launch*") matches, in name order; none is refused."""
     folders = sorted(p for p in where.glob(pattern) if p.is_dir())
@@ -554,8 +557,7 @@ def section(plan: Plan, where: Path, spec: dict) -> str:
     spec = dict(spec)
     kind, heading, level = spec.pop("kind"), spec.pop("heading", None), spec.pop("level", 3)
     body_level = spec.pop("body_level", 3)  # of the headings a section writes itself (primary's)
-    launch = spec.pop("launch", ".")  # a pattern ("launch*") pools the matching launch folders
-    lx = Launch(plan, launch_folders(where, launch) if any(c in launch for c in "*?[") else where / launch)
+    lx = Launch(plan, launch_where(where, spec.pop("launch", ".")))
     fixed = next((s for s in plan.eval["sets"] if s != plan.primary["set"]), plan.primary["set"])
     against = Launch(plan, where / spec.pop("against")) if "against" in spec else None
     sections = {

@@ -75,3 +75,27 @@ def test_two_process_sigkill_then_resume_is_bitwise_identical(tiny_base, embedde
     assert [s["step"] for s in found["steps"]] == [1, 2, 3]
     assert found["rows_identical"] and found["eval_rows_identical"] and found["eval_files"] == 3
     assert found["max_weight_diff"] == 0
+
+
+@pytest.mark.slow
+def test_a_two_process_run_frees_its_process_group_before_exit(tiny_base, embedded_snapshot, tmp_path):
+    """Left to the interpreter's finalization, the DDP wrapper (and gloo's group and threads it holds) aborted an
+    exiting rank now and then (docs/gpu.md): `trainer.train.main` frees it before it returns."""
+    from short_run import train_args
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    cmd += ["--main_process_port", str(free_port()), str(Path(__file__).with_name("exit_probe.py"))]
+    cmd += [str(tmp_path / "rank")]
+    cmd += train_args(tiny_base, embedded_snapshot, arm="S2", cpu_threads=1, max_steps=1)
+    cmd += ["--output_dir", str(tmp_path / "run")]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": str(REPO),
+    }
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"alive": []}, rank

@@ -12,6 +12,7 @@ with the step reached and the resume command (status 130).
 
 import contextlib
 import dataclasses
+import gc
 import os
 import sys
 from pathlib import Path
@@ -20,7 +21,6 @@ from pathlib import Path
 # two-thread training pass (cpu_threads: 2) stalled it ~4x (bench/cpu_profile.py --threads). Read at torch load.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch
 import yaml
 from trl import ModelConfig, TrlParser
 from trl.generation.vllm_generation import VLLMGeneration
@@ -182,10 +182,10 @@ def main(argv: list[str] | None = None) -> None:
     debug = _pop_debug(argv) or os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0")
     try:
         train(argv)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # every rank, after its last collective: left to interpreter exit, gloo's threads sometimes abort the
-            # exiting process ("terminate called without an active exception"; docs/gpu.md)
-            torch.distributed.destroy_process_group()
+        # The trainer ends in reference cycles that keep the DDP wrapper, and with it gloo's process group and
+        # worker threads, alive until the interpreter's finalization, where a worker taking the GIL aborted the
+        # exiting process now and then ("terminate called without an active exception"; docs/gpu.md): free them now.
+        gc.collect()
     except Interrupted as e:
         print(e, file=sys.stderr)
         sys.exit(130)

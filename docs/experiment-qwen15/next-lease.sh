@@ -3,14 +3,9 @@
 # The lease of 2026-12-05 that measured the lease figure ran this file as it was at 823d75a (plan-throughput3.yaml;
 # its record: docs/performance/h200-2026-12-05b/lease.sh).
 # One part per device call, from the repository root, back to back: a machine is given back 30 s after a call ends.
-# Here, before the lease (the tree's size sets each call's share, so split after the last commit):
-#   make real-base MODEL=qwen2.5-coder-1.5b     # artifacts/qwen2.5-coder-1.5b.gguf and artifacts/real/gsm_symbolic.tasks.json
-#   cp ../shared/data/math500.jsonl artifacts/real/   # sha256 ccdf8777...16f2fe (ignored path: not committed)
-#   .whl/: trl datasets dill multiprocess evaluate math-verify latex2sympy2_extended antlr4-python3-runtime gguf at the
-#     lock's versions (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl)
-#   python tools/carry.py split .whl/*.whl --name whl        # one call
-#   python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
-#     artifacts/real/math500.jsonl --name q15        # 25 calls at the tree of 2026-12-05 (19.8 MB; 27 at 23.0 MB)
+# Here, before the lease, after the last commit (the tree's size sets each call's share): `bash $0 prepare` (~2 min on
+# a fresh checkout: the 1.5B base from PyPI, MATH500 from ../shared/data, the wheels the GPU image lacks at the
+# lock's versions, split into .carry/whl/call01 and .carry/q15/callKK; it prints the number of q15 calls).
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
 #                     (docs/performance/probe-bf16.sh; the start call starts the launcher, whose conversion
@@ -51,6 +46,17 @@ echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
 PLAN=docs/experiment-qwen15/plan.yaml W=/tmp/q15x
 left() { echo $((570 - SECONDS)); }
 case ${1:-} in
+prepare)  # here, not on the GPU machine
+  make real-base MODEL=qwen2.5-coder-1.5b || exit 1   # artifacts/qwen2.5-coder-1.5b.gguf, artifacts/real/gsm_symbolic.tasks.json
+  cp ../shared/data/math500.jsonl artifacts/real/ || exit 1   # an ignored path: the shared copy is the one kept
+  # pure-Python wheels for the GPU image's Python 3.12, pinned as requirements.lock pins them (gguf as the Makefile)
+  pins=$(grep -i -E '^(trl|datasets|dill|multiprocess|evaluate|math-verify|latex2sympy2-extended|antlr4-python3-runtime)==' requirements.lock | cut -d' ' -f1)
+  rm -rf .whl .carry/whl .carry/q15 && .venv/bin/python -m pip download -q --no-deps --only-binary=:all: \
+    --python-version 3.12 -d .whl $pins gguf==0.19.0 || exit 1
+  .venv/bin/python tools/carry.py split .whl/*.whl --name whl || exit 1
+  .venv/bin/python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
+    artifacts/real/math500.jsonl --name q15 || exit 1
+  echo "q15 calls: $(ls .carry/q15 | wc -l) (receive 1..N-1, then start N)" ;;
 begin)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 tools/carry.py receive .carry/whl/call01 && python3 tools/carry.py join whl --out /tmp/cw > $OUT/joinw.log 2>&1 || { cat $OUT/joinw.log; exit 1; }

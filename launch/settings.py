@@ -133,6 +133,14 @@ def eval_settings(plan: Plan, steps: int) -> dict:
     return {"eval_every": plan.eval["every"]}
 
 
+def first_evaluated_step(plan: Plan, steps: int) -> int:
+    """The first step after 0 that a run evaluates (its last step where none does)."""
+    cadence = eval_settings(plan, steps)
+    if "eval_at_steps" in cadence:
+        return min((s for s in cadence["eval_at_steps"] if s > 0), default=steps)
+    return min(cadence["eval_every"], steps)
+
+
 def base_settings(plan: Plan, work: Path, smoke: bool, gguf: Path | None) -> dict:
     """The settings every run shares: the base, and the base report's choice (this work folder's, or the committed
     one under the plan's results, its snapshot rewritten and checked against its sha256)."""

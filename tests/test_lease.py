@@ -59,6 +59,18 @@ def test_the_15b_experiments_first_lease_figure_recomputes_from_its_rows():
     assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
 
 
+def test_the_15b_experiments_second_lease_figure_recomputes_from_its_rows():
+    """Issue 62's second lease (an H100, step 0 copied from launch1): seed 1's pair, S2-s1 started again after it ran
+    out of memory (its crashed attempt's 9 rows cost lease time and add no run-step), seed 2's two 1-step runs."""
+    q15 = QWEN.parent / "experiment-qwen15"
+    g = figures(q15 / "launch2")
+    assert (g["lease_s"], g["run_steps"], g["runs"], g["calls"]) == (1391.2, 62, 4, 32)
+    assert round(g["lease_s_per_run_step"], 2) == 22.44
+    assert (g["runs_going_median"], g["runs_going_max"]) == (1, 2)  # two at a time until the memory ran out
+    row = table({"1.5B launch2 (H100)": q15 / "launch2"}).splitlines()[-1]
+    assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
+
+
 def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():
     one, two = load(QWEN / "plan.yaml"), load(QWEN / "plan-launch2.yaml")
     differ = {f for f in one.__dataclass_fields__ if getattr(one, f) != getattr(two, f)}
@@ -193,6 +205,43 @@ def test_runs_at_a_time_come_from_the_leaders_first_row_where_it_has_one(tmp_pat
     assert fitting(8, 1, 0.9, 1.6) == 8  # nothing known: the plan's number, as before
     (run / "results/steps.jsonl").write_text(json.dumps({"step": 1, "gpu_memory": None}) + "\n")
     assert row_memory(run) is None  # a CPU run
+
+
+def test_a_leader_given_step_0_waits_for_its_first_evaluation_before_it_is_measured(tmp_path, monkeypatch):
+    """Issue 62's lease 2 (an H100, step 0 copied from launch 1): the leader's first row came before any evaluation,
+    so the launcher fit 2 runs and three of them ran out of memory. The row after its step-10 evaluation fits 1."""
+    import launch.gpus as gpus
+    from launch.settings import first_evaluated_step
+    from rundir.archive import read_bytes
+
+    leader = ROOT / "docs/experiment-qwen15/launch2/qwen15-S0-s1"
+    rows = [json.loads(x) for x in read_bytes(leader / "results/steps.jsonl").decode().splitlines()]
+    plan = load(ROOT / "docs/experiment-qwen15/plan.yaml")
+    row = first_evaluated_step(plan, plan.steps) + 1
+    assert row == 11  # evaluations at steps 0 (copied), 10, 20, 30
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: None)
+    run = tmp_path / "leader"
+    (run / "results").mkdir(parents=True)
+    say = []
+    for n in (1, row):
+        (run / "results/steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
+        say.append(fitting(2, 1, 0.9, 1.05, say=lambda x: None, row_memory=row_memory(run, row)))
+    assert say == [2, 1]  # what lease 2 did at its first row, and what the leader's 11th row says
+
+    class Running:  # the leader's process, still going
+        pid = 1
+
+        def poll(self):
+            return None
+
+    gpu = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter(), measure_row=row)
+    gpu.procs.append((run, Running()))
+    (run / "results/steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:10]))
+    assert gpu.waits(time.perf_counter() + 60)  # 10 rows: step 10's evaluation not yet counted
+    (run / "results/steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:11]))
+    assert not gpu.waits(time.perf_counter() + 60)
+    assert gpu.settle(0.9, 1.05) and gpu.parallel == 1
+    assert "leader holds 46550 of 81079 MiB" in (tmp_path / "gpu0.log").read_text()
 
 
 @pytest.mark.slow

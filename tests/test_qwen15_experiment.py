@@ -174,6 +174,27 @@ def test_every_training_run_ran_from_the_final_plan_or_later_and_skipped_no_upda
     assert all(len(d) == 1 for d in devices.values())
 
 
+def test_s2_s1_started_again_gave_its_crashed_attempts_rows_so_amendment_3_counts_it_resumed():
+    """Amendment 3: S2-s1 ran out of memory during step 10 (lease 2) and was started again from its start; it is
+    not a failure only if the new attempt's rows equal the crashed attempt's at every step that attempt wrote
+    (every field but timings and memory) and both copied the same step-0 rows."""
+    from rundir import archive
+
+    def rows(run, name):
+        return [json.loads(x) for x in archive.read_bytes(run / "results" / name).splitlines()]
+
+    crashed, again = DOCS / "launch2/crashed/qwen15-S2-s1", DOCS / "launch2/qwen15-S2-s1"
+    before, after = rows(crashed, "steps.jsonl"), rows(again, "steps.jsonl")
+    assert len(before) == 9 and len(after) == 30
+    drop = ("seconds", "gpu_memory")
+    for b, a in zip(before, after, strict=False):
+        assert {k: v for k, v in b.items() if k not in drop} == {k: v for k, v in a.items() if k not in drop}
+    for name in ("eval_step000.jsonl", "eval_step000_cap1024.jsonl", "eval_step000_cap1152.jsonl"):
+        assert archive.read_bytes(crashed / "results" / name) == archive.read_bytes(again / "results" / name)
+    # it died before its first own evaluation
+    assert not archive.exists(crashed / "results/eval_step010.jsonl")
+
+
 def test_the_figures_command_draws_the_pooled_pairs_of_every_lease(tmp_path):
     """`launch PLAN report --out DIR` without --results: analysis.compare's report and figures over the launches the
     plan's primary pools ("launch*"), as the README's figures were made."""

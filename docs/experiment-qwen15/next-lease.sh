@@ -34,10 +34,13 @@
 # `python -m rundir.archive merge docs/experiment-qwen15`: the leases' step-0 rows (copies) stored once, so the tree
 # stays near 20 MB (each call carries it).
 # Lease 1 (2026-12-05, an H100, launch1/) ran seed 0's pair. Its step-0 files differ from throughput3's (the H200) in
-# 880 of 1,856 samples: the two GPU models compute different rows (PLAN.md, "The leases"). The next lease: seeds 1,2,3
-# on an H200 (it evaluates step 0 itself), seeds 1,2 with STEP0 docs/experiment-qwen15/launch1 on an H100; its rows
-# unpack into launch2. The first H200 lease's step-0 files are still the free check of the code since the trial
-# (823d75a): same base bytes, eval seeds and sets, so they must equal throughput3's byte for byte.
+# 880 of 1,856 samples: the two GPU models compute different rows (PLAN.md, "The leases"). Lease 2 (an H100, launch2/)
+# ran seed 1's pair; seed 2's pair is left out (PLAN.md, amendment 3: seed 100 runs in its place, after 15). The next
+# lease: seeds 3,4,5 on an H200 (it evaluates step 0 itself), seeds 3,4 with STEP0 docs/experiment-qwen15/launch1 on an
+# H100; its rows unpack into launch3. The first H200 lease's step-0 files are still the free check of the code since
+# the trial (823d75a): same base bytes, eval seeds and sets, so they must equal throughput3's byte for byte.
+# A leader given STEP0 runs alone until its row after step 10's evaluation (amendment 3's launcher fix): on an H100 the
+# launcher then keeps one run at a time.
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -9,8 +9,9 @@
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
 #                     (docs/performance/probe-bf16.sh; the start call starts the launcher, whose conversion
-#                     is CPU work, then stops the probe within PROBE_WAIT_S s, default 40, if it has not ended;
-#                     PROBE_WAIT_S=0 where the budget is tight: the probe's finished parts are still packed)
+#                     is CPU work, then stops the probe within PROBE_WAIT_S s, default 0 since lease 2: its first
+#                     part is measured on both GPU models (PERFORMANCE.md), and 40 s may be a second pair's margin;
+#                     the probe's finished parts are still packed)
 #   receive K         every q15 part but the last
 #   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
 #                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
@@ -26,6 +27,9 @@
 #                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays
 #                     /tmp/q15x in every lease), saving the leader's ~150 s of step 0; taken only where that launch
 #                     ran on this GPU model
+#   restart SEED BUDGET [STEP0]   after a run of SEED's pair crashed before any save (PLAN.md, amendment 3): its
+#                     unfinished runs moved to $W/crashed/ (packed into $OUT/crashed.tar.xz: commit them as launchN/crashed/),
+#                     then the launcher again for that seed alone; lease 2 did this by hand for S2-s1
 #   watch [S]         until the launcher ends (or S s), then the rows so far into $OUT: should the machine be lost
 #                     before `pack`, the last watch call's archive holds every pair that had finished by then
 #   pack              the rows into $OUT (<plan name>.tar.xz)
@@ -48,6 +52,14 @@ export CAPGRPO_COMMIT=${CAPGRPO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo
 echo "t0 $(date +%s)"; trap 'echo "t1 $(date +%s)"' EXIT
 PLAN=docs/experiment-qwen15/plan.yaml W=/tmp/q15x
 left() { echo $((570 - SECONDS)); }
+step0() {  # S0: --step0-from the first run of the launch folder $1, only from runs on this GPU model (amendment 2)
+  S0=(); [ -n "$1" ] || return 0
+  [ -d /tmp/step0src ] || python3 -m rundir.archive unpack $1 /tmp/step0src > /dev/null || exit 1
+  src=$(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1)
+  there=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['launch'].get('device'))" ${src%/results/*}/run.json)
+  here=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
+  if [ "$there" = "$here" ]; then S0=(--step0-from $src); else echo "step 0 evaluated here: $1 ran on $there, this is $here"; fi
+}
 case ${1:-} in
 prepare)  # here, not on the GPU machine
   make real-base MODEL=qwen2.5-coder-1.5b || exit 1   # artifacts/qwen2.5-coder-1.5b.gguf, artifacts/real/gsm_symbolic.tasks.json
@@ -68,19 +80,24 @@ receive)  # receive K
 start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
-  S0=(); if [ -n "${5:-}" ]; then  # only from runs on this GPU model (amendment 2; the trainer refuses others)
-    python3 -m rundir.archive unpack $5 /tmp/step0src > /dev/null || exit 1
-    src=$(ls /tmp/step0src/*/results/eval_step000.jsonl | head -1)
-    there=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['launch'].get('device'))" ${src%/results/*}/run.json)
-    here=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
-    if [ "$there" = "$here" ]; then S0=(--step0-from $src); else echo "step 0 evaluated here: $5 ran on $there, this is $here"; fi
-  fi
+  step0 "${5:-}"
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" --detach
-  for _ in $(seq ${PROBE_WAIT_S:-40}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
+  for _ in $(seq ${PROBE_WAIT_S:-0}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
   cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
   mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
   cp /tmp/probe/*.log /tmp/pj/ 2>/dev/null; tar -C /tmp/pj -czf $OUT/probe-bf16.tar.gz .
+  sleep 5; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
+restart)  # restart SEED BUDGET [STEP0]
+  mkdir -p $W/crashed
+  for run in $W/runs/qwen15-S?-s$2; do
+    [ "$(wc -l < $run/results/steps.jsonl 2>/dev/null || echo 0)" -ge 30 ] && continue
+    [ -e $W/crashed/$(basename $run) ] && { echo "$W/crashed/$(basename $run): exists (a second crash); keep it first"; exit 1; }
+    mv $run $W/crashed/ && mv $W/runs/$(basename $run).log $W/crashed/ && echo "moved aside: $(basename $run)"
+  done
+  tar -C $W -cJf $OUT/crashed.tar.xz crashed || exit 1
+  step0 "${4:-}"
+  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $2 --budget-s $3 "${S0[@]}" --detach
   sleep 5; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
 watch)  # watch [S]
   python3 -m launch $PLAN watch --work $W --for-s ${2:-$(($(left) - 20))}

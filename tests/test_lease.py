@@ -222,11 +222,11 @@ def test_a_leader_given_step_0_waits_for_its_first_evaluation_before_it_is_measu
     monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: None)
     run = tmp_path / "leader"
     (run / "results").mkdir(parents=True)
-    say = []
+    fits = []
     for n in (1, row):
         (run / "results/steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
-        say.append(fitting(2, 1, 0.9, 1.05, say=lambda x: None, row_memory=row_memory(run, row)))
-    assert say == [2, 1]  # what lease 2 did at its first row, and what the leader's 11th row says
+        fits.append(fitting(2, 1, 0.9, 1.05, say=lambda x: None, row_memory=row_memory(run, row)))
+    assert fits == [2, 1]  # what lease 2 did at its first row, and what the leader's 11th row says
 
     class Running:  # the leader's process, still going
         pid = 1

@@ -179,6 +179,7 @@ def test_s2_s1_started_again_gave_its_crashed_attempts_rows_so_amendment_3_count
     not a failure only if the new attempt's rows equal the crashed attempt's at every step that attempt wrote
     (every field but timings and memory) and both copied the same step-0 rows."""
     from rundir import archive
+    from trainer.steps_log import MEASURED
 
     def rows(run, name):
         return [json.loads(x) for x in archive.read_bytes(run / "results" / name).splitlines()]
@@ -186,9 +187,10 @@ def test_s2_s1_started_again_gave_its_crashed_attempts_rows_so_amendment_3_count
     crashed, again = DOCS / "launch2/crashed/qwen15-S2-s1", DOCS / "launch2/qwen15-S2-s1"
     before, after = rows(crashed, "steps.jsonl"), rows(again, "steps.jsonl")
     assert len(before) == 9 and len(after) == 30
-    drop = ("seconds", "gpu_memory")
     for b, a in zip(before, after, strict=False):
-        assert {k: v for k, v in b.items() if k not in drop} == {k: v for k, v in a.items() if k not in drop}
+        assert {k: v for k, v in b.items() if k not in MEASURED} == {
+            k: v for k, v in a.items() if k not in MEASURED
+        }
     for name in ("eval_step000.jsonl", "eval_step000_cap1024.jsonl", "eval_step000_cap1152.jsonl"):
         assert archive.read_bytes(crashed / "results" / name) == archive.read_bytes(again / "results" / name)
     # it died before its first own evaluation

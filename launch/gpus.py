@@ -140,6 +140,9 @@ class Gpu:
     # the row it is measured at: 1 where it evaluates step 0 itself, else the row after its first own evaluation
     # (issue 62's lease 2, step 0 copied: 30.7 GiB reserved at row 1, 44.6 after step 10's evaluation)
     measure_row: int = 1
+    # sized by the most this run held instead of the leader's row, on the leader's GPU: the earlier lease's run that
+    # evaluated the step-0 rows its runs copy (its rows count that evaluation, the extra sets included)
+    memory_from: Path | None = None
     timeline: "Timeline | None" = None
 
     def note(self, text: str) -> None:
@@ -177,6 +180,8 @@ class Gpu:
             print("\n".join((run.parent / f"{run.name}.log").read_text().splitlines()[-25:]), file=sys.stderr)
             return False
         memory = row_memory(run, self.measure_row)
+        if memory and self.memory_from:  # the most it held, on this GPU: the leader's row says the GPU's size
+            memory = (most := peak_memory(self.memory_from)) and (most[0], memory[1])
         self.parallel = fitting(self.parallel, leader.pid, share, growth, self.device, self.note, memory)
         return True
 
@@ -196,7 +201,17 @@ def row_memory(run: Path, row: int = 1) -> tuple[float, float] | None:
     """(MiB a run holds, MiB of its GPU) from its `row`-th step row (its last where it has fewer): torch's peak
     reserved plus a context. Torch keeps what an evaluation reserved, so a row after one counts it."""
     rows = step_rows(run)[:row]
-    memory = (rows[-1].get("gpu_memory") or {}) if rows else {}
+    return memory_of(rows[-1]) if rows else None
+
+
+def peak_memory(run: Path) -> tuple[float, float] | None:
+    """`row_memory` at the row where `run` held the most (issue 62's launch 1 leader: 46.9 GiB at row 1, 54.6 at
+    row 9)."""
+    return max(filter(None, map(memory_of, step_rows(run))), default=None)
+
+
+def memory_of(row: dict) -> tuple[float, float] | None:
+    memory = row.get("gpu_memory") or {}
     if "peak_reserved_gib" not in memory or "total_gib" not in memory:
         return None
     return memory["peak_reserved_gib"] * 1024 + CONTEXT_MIB, memory["total_gib"] * 1024

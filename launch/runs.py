@@ -46,9 +46,14 @@ def finished(run: Path, steps: int) -> bool:
 def shared_step0(work: Path) -> Path | None:
     """A run of this launch that evaluated the base itself (not a copy): its step-0 rows, else None."""
     for rows in sorted((work / "runs").glob("*/results/eval_step000.jsonl")):
-        if not read_run_json(rows.parent.parent).get("config", {}).get("step0_eval_from"):
+        if evaluated_step0(rows.parent.parent):
             return rows
     return None
+
+
+def evaluated_step0(run: Path) -> bool:
+    """Whether `run` evaluated its base at step 0 itself rather than copying another run's rows."""
+    return not read_run_json(run).get("config", {}).get("step0_eval_from")
 
 
 def cannot_finish(seed: int | None, started: set, took: list[float], left: float, rounds: int = 1) -> bool:
@@ -181,7 +186,10 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         if not cpu and len(gpu.queue) > 1 and not any((r / "run.json").is_file() for r, _, _ in gpu.queue):
             start(gpu)  # fresh: the first run alone until its first step row (generation compiled)
             gpu.alone = True
-            if step0_from:  # its memory counts an evaluation only after its first own one
+            source = step0_from and step0_from.parent.parent
+            if source and evaluated_step0(source):  # sized by what it held: no own evaluation waited for
+                gpu.memory_from = source
+            elif step0_from:  # its memory counts an evaluation only after its first own one
                 gpu.measure_row = first_evaluated_step(plan, steps) + 1
     disk = float("inf")  # runs at a time over all GPUs: they share one disk
     if b.get("drop_finished_weights") and not smoke:  # weights stay on the GPU machine: its disk binds

@@ -244,6 +244,47 @@ def test_a_leader_given_step_0_waits_for_its_first_evaluation_before_it_is_measu
     assert "leader holds 46550 of 81079 MiB" in (tmp_path / "gpu0.log").read_text()
 
 
+def test_a_leader_given_step_0_is_sized_at_once_by_the_run_that_evaluated_it(tmp_path, monkeypatch):
+    """The step-0 rows' own run (launch 1's leader, which evaluated step 0 with the extra sets: 46.9 GiB at its first
+    row, 54.6 at most) sizes the GPU at the leader's first row, on the leader's GPU: 1 run on the H100, 2 on an H200.
+    A source that copied its own step 0 (launch 2's runs) evaluated nothing before its row 11: the leader waits."""
+    import launch.gpus as gpus
+    from launch.runs import evaluated_step0
+    from rundir.archive import read_bytes
+
+    monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: None)
+    source = tmp_path / "qwen15-S0-s0"
+    (source / "results").mkdir(parents=True)
+    for name in ("run.json", "results/steps.jsonl"):
+        (source / name).write_bytes(read_bytes(ROOT / "docs/experiment-qwen15/launch1/qwen15-S0-s0" / name))
+    copied = tmp_path / "qwen15-S0-s1"
+    copied.mkdir()
+    (copied / "run.json").write_bytes(
+        read_bytes(ROOT / "docs/experiment-qwen15/launch2/qwen15-S0-s1/run.json")
+    )
+    assert evaluated_step0(source) and not evaluated_step0(copied)
+
+    class Running:  # the leader's process, still going
+        pid = 1
+
+        def poll(self):
+            return None
+
+    fits = []
+    for total in (79.179, 139.8):  # an H100 80GB HBM3 (the source's own), an H200
+        leader = tmp_path / f"leader{total}"
+        (leader / "results").mkdir(parents=True)
+        gpu = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter(), memory_from=source)
+        gpu.procs.append((leader, Running()))
+        assert gpu.waits(time.perf_counter() + 60)  # alone until its own first row: the caches compiled once
+        row = {"step": 1, "gpu_memory": {"peak_reserved_gib": 30.7, "total_gib": total}}  # step 0 copied
+        (leader / "results/steps.jsonl").write_text(json.dumps(row) + "\n")
+        assert not gpu.waits(time.perf_counter() + 60) and gpu.settle(0.9, 1.05)
+        fits.append(gpu.parallel)
+    assert fits == [1, 2]
+    assert "leader holds 56714 of 143155 MiB" in (tmp_path / "gpu0.log").read_text()  # 54.555 GiB, a context
+
+
 @pytest.mark.slow
 def test_a_detached_train_outlives_its_caller_and_shares_step_0(tmp_path):
     import yaml

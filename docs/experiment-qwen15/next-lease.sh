@@ -43,8 +43,9 @@
 # lease: seeds 3,4,5 on an H200 (it evaluates step 0 itself), seeds 3,4 with STEP0 docs/experiment-qwen15/launch1 on an
 # H100; its rows unpack into launch3. The first H200 lease's step-0 files are still the free check of the code since
 # the trial (823d75a): same base bytes, eval seeds and sets, so they must equal throughput3's byte for byte.
-# A leader given STEP0 runs alone until its row after step 10's evaluation (amendment 3's launcher fix): on an H100 the
-# launcher then keeps one run at a time.
+# A leader given STEP0 runs alone until its first row; the GPU is then sized by the most the step-0 rows' own run held
+# (launch1's S0-s0: 54.6 GiB, so one run at a time on an H100, two on an H200; launch/gpus.py `Gpu.memory_from`). Where
+# that run copied its step 0 too, the leader runs alone until its row after step 10's evaluation (amendment 3's fix).
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from launch.gpus import Gpu, assign, disk_fit, gpu_devices, start_mps, stop_mps
+from launch.gpus import Gpu, assign, disk_fit, gpu_devices, peak_memory, start_mps, stop_mps
 from launch.pack import CACHES, pack, unpack_caches
 from launch.plan import ROOT, LaunchError, Plan
 from launch.settings import argv, base_settings, first_evaluated_step, max_steps, run_settings
@@ -54,6 +54,17 @@ def shared_step0(work: Path) -> Path | None:
 def evaluated_step0(run: Path) -> bool:
     """Whether `run` evaluated its base at step 0 itself rather than copying another run's rows."""
     return not read_run_json(run).get("config", {}).get("step0_eval_from")
+
+
+def size_by_step0(gpu: Gpu, step0_rows: Path, own_evaluation_row: int) -> None:
+    """A leader given another run's step-0 rows has no evaluation in its first row, which so understates what it
+    holds (issue 62's lease 2). Its GPU is sized by the most that the rows' own run held, where that run evaluated
+    step 0 itself and recorded its memory; else at the leader's row after its first own evaluation."""
+    source = step0_rows.parent.parent
+    if evaluated_step0(source) and peak_memory(source):
+        gpu.memory_from = source
+    else:
+        gpu.measure_row = own_evaluation_row
 
 
 def cannot_finish(seed: int | None, started: set, took: list[float], left: float, rounds: int = 1) -> bool:
@@ -186,11 +197,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         if not cpu and len(gpu.queue) > 1 and not any((r / "run.json").is_file() for r, _, _ in gpu.queue):
             start(gpu)  # fresh: the first run alone until its first step row (generation compiled)
             gpu.alone = True
-            source = step0_from and step0_from.parent.parent
-            if source and evaluated_step0(source):  # sized by what it held: no own evaluation waited for
-                gpu.memory_from = source
-            elif step0_from:  # its memory counts an evaluation only after its first own one
-                gpu.measure_row = first_evaluated_step(plan, steps) + 1
+            if step0_from:
+                size_by_step0(gpu, step0_from, first_evaluated_step(plan, steps) + 1)
     disk = float("inf")  # runs at a time over all GPUs: they share one disk
     if b.get("drop_finished_weights") and not smoke:  # weights stay on the GPU machine: its disk binds
         disk = disk_fit(len(slots) * parallel, work, Path(base["model_name_or_path"]))

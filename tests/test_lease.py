@@ -249,7 +249,7 @@ def test_a_leader_given_step_0_is_sized_at_once_by_the_run_that_evaluated_it(tmp
     row, 54.6 at most) sizes the GPU at the leader's first row, on the leader's GPU: 1 run on the H100, 2 on an H200.
     A source that copied its own step 0 (launch 2's runs) evaluated nothing before its row 11: the leader waits."""
     import launch.gpus as gpus
-    from launch.runs import evaluated_step0
+    from launch.runs import evaluated_step0, size_by_step0
     from rundir.archive import read_bytes
 
     monkeypatch.setattr(gpus, "gpu_memory_mib", lambda pid, gpu: None)
@@ -263,6 +263,9 @@ def test_a_leader_given_step_0_is_sized_at_once_by_the_run_that_evaluated_it(tmp
         read_bytes(ROOT / "docs/experiment-qwen15/launch2/qwen15-S0-s1/run.json")
     )
     assert evaluated_step0(source) and not evaluated_step0(copied)
+    waits = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter())  # given launch 2's rows
+    size_by_step0(waits, copied / "results/eval_step000.jsonl", 11)
+    assert (waits.memory_from, waits.measure_row) == (None, 11)
 
     class Running:  # the leader's process, still going
         pid = 1
@@ -274,7 +277,9 @@ def test_a_leader_given_step_0_is_sized_at_once_by_the_run_that_evaluated_it(tmp
     for total in (79.179, 139.8):  # an H100 80GB HBM3 (the source's own), an H200
         leader = tmp_path / f"leader{total}"
         (leader / "results").mkdir(parents=True)
-        gpu = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter(), memory_from=source)
+        gpu = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter())
+        size_by_step0(gpu, source / "results/eval_step000.jsonl", 11)  # with launch 1's
+        assert (gpu.memory_from, gpu.measure_row) == (source, 1)
         gpu.procs.append((leader, Running()))
         assert gpu.waits(time.perf_counter() + 60)  # alone until its own first row: the caches compiled once
         row = {"step": 1, "gpu_memory": {"peak_reserved_gib": 30.7, "total_gib": total}}  # step 0 copied

@@ -137,8 +137,8 @@ class Gpu:
     procs: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
     running: list[tuple[Path, subprocess.Popen]] = field(default_factory=list)
     alone: bool = False  # its first run (procs[0]) runs alone until its `measure_row`-th step row
-    # the row it is measured at: 1 where it evaluates step 0 itself, else the row after its first own evaluation
-    # (issue 62's lease 2, step 0 copied: 30.7 GiB reserved at row 1, 44.6 after step 10's evaluation)
+    # the row it is measured at: 1 where it evaluates step 0 itself or `memory_from` sizes it, else the row after its
+    # first own evaluation (issue 62's lease 2, step 0 copied: 30.7 GiB reserved at row 1, 44.6 after step 10's)
     measure_row: int = 1
     # sized by the most this run held instead of the leader's row, on the leader's GPU: the earlier lease's run that
     # evaluated the step-0 rows its runs copy (its rows count that evaluation, the extra sets included)

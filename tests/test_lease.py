@@ -207,6 +207,50 @@ def test_runs_at_a_time_come_from_the_leaders_first_row_where_it_has_one(tmp_pat
     assert row_memory(run) is None  # a CPU run
 
 
+class Running:
+    """A leader's process, still going (what `Gpu.waits` and `Gpu.settle` ask of a Popen)."""
+
+    pid = 1
+
+    def poll(self):
+        return None
+
+
+def test_two_15b_runs_at_a_time_do_not_fit_an_h100_by_the_committed_rows():
+    """PERFORMANCE.md's lever row "two 1.5B runs at a time on an H100": every run of issue 62 that reached step 30 on
+    an H100, its peak reserved before its first evaluation of its own and after it (the step-0 copies' row 11 on)."""
+    from rundir.archive import read_bytes
+
+    q15 = ROOT / "docs/experiment-qwen15"
+    before, after, kept, first, total = [], [], [], {}, set()
+    for name in (
+        "launch1/qwen15-S0-s0",
+        "launch1/qwen15-S2-s0",
+        "launch2/qwen15-S0-s1",
+        "launch2/qwen15-S2-s1",
+    ):
+        rows = [json.loads(x) for x in read_bytes(q15 / name / "results/steps.jsonl").decode().splitlines()]
+        assert len(rows) == 30
+        total |= {r["gpu_memory"]["total_gib"] for r in rows}
+        if name.endswith("S0-s0"):  # the leader: step 0 evaluated with the extra sets before its row 1
+            first[name] = (
+                rows[0]["gpu_memory"]["peak_reserved_gib"],
+                max(r["gpu_memory"]["peak_reserved_gib"] for r in rows),
+            )
+            continue
+        before.append(max(r["gpu_memory"]["peak_reserved_gib"] for r in rows[:10]))
+        after.append(max(r["gpu_memory"]["peak_reserved_gib"] for r in rows[10:]))
+        kept.append(
+            min(r["gpu_memory"]["peak_allocated_gib"] for r in rows[10:])
+        )  # the evaluation's copy stays
+    assert total == {79.179}
+    assert (min(before), max(before), min(after), max(after)) == (38.105, 38.555, 44.67, 45.471)
+    assert round(min(kept), 1) == 41.8
+    assert first == {"launch1/qwen15-S0-s0": (46.875, 54.555)}
+    context = 850 / 1024
+    assert round(2 * (min(before) + context), 1) == 77.9 and round(2 * (max(after) + context), 1) == 92.6
+
+
 def test_a_leader_given_step_0_waits_for_its_first_evaluation_before_it_is_measured(tmp_path, monkeypatch):
     """Issue 62's lease 2 (an H100, step 0 copied from launch 1): the leader's first row came before any evaluation,
     so the launcher fit 2 runs and three of them ran out of memory. The row after its step-10 evaluation fits 1."""
@@ -227,12 +271,6 @@ def test_a_leader_given_step_0_waits_for_its_first_evaluation_before_it_is_measu
         (run / "results/steps.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:n]))
         fits.append(fitting(2, 1, 0.9, 1.05, say=lambda x: None, row_memory=row_memory(run, row)))
     assert fits == [2, 1]  # what lease 2 did at its first row, and what the leader's 11th row says
-
-    class Running:  # the leader's process, still going
-        pid = 1
-
-        def poll(self):
-            return None
 
     gpu = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter(), measure_row=row)
     gpu.procs.append((run, Running()))
@@ -266,12 +304,6 @@ def test_a_leader_given_step_0_is_sized_at_once_by_the_run_that_evaluated_it(tmp
     waits = gpus.Gpu(0, None, [], 2, tmp_path / "gpu0.log", time.perf_counter())  # given launch 2's rows
     size_by_step0(waits, copied / "results/eval_step000.jsonl", 11)
     assert (waits.memory_from, waits.measure_row) == (None, 11)
-
-    class Running:  # the leader's process, still going
-        pid = 1
-
-        def poll(self):
-            return None
 
     fits = []
     for total in (79.179, 139.8):  # an H100 80GB HBM3 (the source's own), an H200

@@ -48,6 +48,7 @@
 # that run copied its step 0 too, the leader runs alone until its row after step 10's evaluation (amendment 3's fix).
 # Before `begin`: a pair needs ~920 s of budget on an H100 with STEP0 (lease 2's parts: start 29, carry 111, start call
 # and conversion ~70, two runs ~330 each, pack); with less left, start no pair (no seed is used up; PLAN.md, "No lease 3").
+# A start may charge more: 97 and 88 s on 2026-12-06 (PLAN.md, "No lease 3, again"), ~990 s for the pair then.
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

@@ -71,6 +71,18 @@ def test_the_15b_experiments_second_lease_figure_recomputes_from_its_rows():
     assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
 
 
+def test_the_15b_experiments_third_lease_figure_recomputes_from_its_rows():
+    """Issue 62's third lease (an H100, step 0 copied from launch1, no refused start): seeds 3 and 4, four runs one at a
+    time, each to step 30; seed 5's pair was passed and did not fit the budget, so it has no row."""
+    q15 = QWEN.parent / "experiment-qwen15"
+    g = figures(q15 / "launch3")
+    assert (g["lease_s"], g["run_steps"], g["runs"], g["calls"]) == (1659.6, 120, 4, 30)
+    assert round(g["lease_s_per_run_step"], 2) == 13.83
+    assert (g["runs_going_median"], g["runs_going_max"]) == (1, 1)  # one 1.5B run at a time on an H100
+    row = table({"1.5B launch3 (H100)": q15 / "launch3"}).splitlines()[-1]
+    assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
+
+
 def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():
     one, two = load(QWEN / "plan.yaml"), load(QWEN / "plan-launch2.yaml")
     differ = {f for f in one.__dataclass_fields__ if getattr(one, f) != getattr(two, f)}

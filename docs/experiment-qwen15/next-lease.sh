@@ -39,9 +39,10 @@
 # stays near 20 MB (each call carries it).
 # Lease 1 (2026-12-05, an H100, launch1/) ran seed 0's pair. Its step-0 files differ from throughput3's (the H200) in
 # 880 of 1,856 samples: the two GPU models compute different rows (PLAN.md, "The leases"). Lease 2 (an H100, launch2/)
-# ran seed 1's pair; seed 2's pair is left out (PLAN.md, amendment 3: seed 100 runs in its place, after 15). The next
-# lease: seeds 3,4,5 on an H200 (it evaluates step 0 itself), seeds 3,4 with STEP0 docs/experiment-qwen15/launch1 on an
-# H100; its rows unpack into launch3. The first H200 lease's step-0 files are still the free check of the code since
+# ran seed 1's pair; seed 2's pair is left out (PLAN.md, amendment 3: seed 100 runs in its place, after 15). Lease 3
+# (2026-12-06, an H100, launch3/) ran seeds 3 and 4 (`start 26 3,4,5 1500 docs/experiment-qwen15/launch1`; seed 5's pair
+# did not fit and was not started). The next lease: seeds 5,6,7 on an H200 (it evaluates step 0 itself), seeds 5,6,7
+# with STEP0 docs/experiment-qwen15/launch1 on an H100 (the launcher starts what fits); its rows unpack into launch4. The first H200 lease's step-0 files are still the free check of the code since
 # the trial (823d75a): same base bytes, eval seeds and sets, so they must equal throughput3's byte for byte.
 # A leader given STEP0 runs alone until its first row; the GPU is then sized by the most the step-0 rows' own run held
 # (launch1's S0-s0: 54.6 GiB, so one run at a time on an H100, two on an H200; launch/gpus.py `Gpu.memory_from`). Where
@@ -49,6 +50,8 @@
 # Before `begin`: a pair needs ~920 s of budget on an H100 with STEP0 (lease 2's parts: start 29, carry 111, start call
 # and conversion ~70, two runs ~330 each, pack); with less left, start no pair (no seed is used up; PLAN.md, "No lease 3").
 # A start may charge more: 97 and 88 s on 2026-12-06 (PLAN.md, "No lease 3, again"), ~990 s for the pair then.
+# Lease 3's parts: start 36 s of budget, carry ~181 s (7.2 s a call), start call 42, conversion 34, runs 295-376 s
+# each: two pairs in 1,660 s of budget (launch3/lease.json).
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false

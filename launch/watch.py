@@ -86,8 +86,9 @@ def progress(work: Path) -> str:
     return ", ".join(steps) or "no runs yet"
 
 
-def watch(work: Path, for_s: float, every_s: float = 60.0) -> int:
-    """Follow a detached launcher: its progress every `every_s`, until it ends or `for_s` has passed."""
+def watch(work: Path, for_s: float, every_s: float = 60.0, poll_s: float = 1.0) -> int:
+    """Follow a detached launcher: its progress every `every_s`, until it ends or `for_s` has passed. Its end is
+    noticed within `poll_s`, not at the next line: a lease's last call ends (and stops costing) with the launcher."""
     end = time.perf_counter() + for_s
     while True:
         alive = launcher_pid(work) is not None
@@ -97,7 +98,9 @@ def watch(work: Path, for_s: float, every_s: float = 60.0) -> int:
         )
         if not alive or time.perf_counter() >= end:
             break
-        time.sleep(min(every_s, max(end - time.perf_counter(), 0.1)))
+        line_at = min(time.perf_counter() + every_s, end)
+        while launcher_pid(work) is not None and time.perf_counter() < line_at:
+            time.sleep(max(min(poll_s, line_at - time.perf_counter()), 0.01))
     if not alive and (log := work / "launcher.log").is_file():
         print("\n".join(log.read_text().splitlines()[-6:]), flush=True)
     return 0

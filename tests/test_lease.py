@@ -334,6 +334,25 @@ def test_a_leader_given_step_0_is_sized_at_once_by_the_run_that_evaluated_it(tmp
     assert "leader holds 56714 of 143155 MiB" in (tmp_path / "gpu0.log").read_text()  # 54.555 GiB, a context
 
 
+def test_watch_ends_with_the_launcher_not_at_its_next_line(tmp_path, monkeypatch, capsys):
+    """Lease 3's last call waited 82 s after the last run exited, most of it for the next minute's line: the call (and
+    the lease) should end within a poll of the launcher's end. A fake clock: the launcher lives until t = 3.5 s."""
+    import launch.watch as w
+
+    clock = SimpleNamespace(t=0.0)
+    fake = SimpleNamespace(
+        perf_counter=lambda: clock.t,
+        sleep=lambda s: setattr(clock, "t", clock.t + s),
+        strftime=time.strftime,
+    )
+    monkeypatch.setattr(w, "time", fake)
+    monkeypatch.setattr(w, "launcher_pid", lambda work: 4242 if clock.t < 3.5 else None)
+    assert w.watch(tmp_path, for_s=600, every_s=60) == 0
+    assert 3.5 <= clock.t <= 4.5
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(": ")[0].split()[-1] for line in lines] == ["runs", "ended"]
+
+
 @pytest.mark.slow
 def test_a_detached_train_outlives_its_caller_and_shares_step_0(tmp_path):
     import yaml

@@ -13,12 +13,13 @@
 #                     part is measured on both GPU models (PERFORMANCE.md), and 40 s may be a second pair's margin;
 #                     the probe's finished parts are still packed)
 #   receive K         every q15 part but the last
-#   start LAST SEEDS BUDGET [STEP0]   the last part, join; the pairs SEEDS (e.g. 0,1,2: seed order, both arms of a pair
-#                     together) detached, the launcher's budget BUDGET s: the device time left less ~60 s for the
-#                     pack. The plan projects ~440 s a pair and 2 whole pairs in a first lease (PLAN.md); the
-#                     launcher starts a new pair only while its quickest finished run still fits the budget (a seed
-#                     not started stays for the next lease); a pair that starts and does not reach step 30 is left
-#                     out and rerun with the next unused seed from 100 (deviation rule 4)
+#   start LAST SEEDS BUDGET [STEP0]   the last part (carried with .carry/caches), join; the pairs SEEDS (e.g. 0,1,2:
+#                     seed order, both arms of a pair together) detached, the launcher's budget BUDGET s: the
+#                     device time left less ~60 s for the pack. The plan projects ~440 s a pair and 2 whole pairs
+#                     in a first lease (PLAN.md); the launcher starts a new pair only while its quickest finished run
+#                     still fits the budget (a seed not started stays for the next lease); a pair that starts and
+#                     does not reach step 30 is left out and rerun with the next unused seed from 100 (deviation
+#                     rule 4)
 #                     On an H100 (the device tool may lend one: PLAN.md, amendment 2) the same calls: the launcher
 #                     runs one 1.5B run at a time there, so pass one or two pairs' seeds (a pair starts only
 #                     while both its runs, one after the other, fit the budget).
@@ -31,7 +32,12 @@
 #                     unfinished runs moved to $W/crashed/ (packed into $OUT/crashed.tar.xz: commit them as launchN/crashed/),
 #                     then the launcher again for that seed alone; lease 2 did this by hand for S2-s1
 #   watch [S]         until the launcher ends (or S s), then the rows so far into $OUT: should the machine be lost
-#                     before `pack`, the last watch call's archive holds every pair that had finished by then
+#                     before `pack`, the last watch call's archive holds every pair that had finished by then; and
+#                     the launch's compile caches with their key (compile-caches.tar.gz, ~3 MiB): after the lease, keep
+#                     the last call's here as .carry/caches/<GPU name, non-alphanumerics as _>.tar.gz (e.g.
+#                     NVIDIA_H100_80GB_HBM3.tar.gz) and carry .carry/caches with `start`'s last part: its leader then
+#                     compiles nothing an earlier lease on that GPU model compiled (lease 3's leader: ~29 s of
+#                     compiling at its first step and first evaluation, from its rows against its partners')
 #   pack              the rows into $OUT (<plan name>.tar.xz)
 # Afterwards, here: `make launch PLAN=docs/experiment-qwen15/plan.yaml STAGE=unpack` into docs/experiment-qwen15/launchN
 # with lease.json from the calls' replies (as docs/performance/h200-2026-12-05b/throughput3/lease.json), then
@@ -42,8 +48,9 @@
 # ran seed 1's pair; seed 2's pair is left out (PLAN.md, amendment 3: seed 100 runs in its place, after 15). Lease 3
 # (2026-12-06, an H100, launch3/) ran seeds 3 and 4 (`start 26 3,4,5 1500 docs/experiment-qwen15/launch1`; seed 5's pair
 # did not fit and was not started). The next lease: seeds 5,6,7 on an H200 (it evaluates step 0 itself), seeds 5,6,7
-# with STEP0 docs/experiment-qwen15/launch1 on an H100 (the launcher starts what fits); its rows unpack into launch4. The first H200 lease's step-0 files are still the free check of the code since
-# the trial (823d75a): same base bytes, eval seeds and sets, so they must equal throughput3's byte for byte.
+# with STEP0 docs/experiment-qwen15/launch1 on an H100 (the launcher starts what fits); its rows unpack into launch4.
+# The first H200 lease's step-0 files are still the free check of the code since the trial (823d75a): same base bytes,
+# eval seeds and sets, so they must equal throughput3's byte for byte.
 # A leader given STEP0 runs alone until its first row; the GPU is then sized by the most the step-0 rows' own run held
 # (launch1's S0-s0: 54.6 GiB, so one run at a time on an H100, two on an H200; launch/gpus.py `Gpu.memory_from`). Where
 # that run copied its step 0 too, the leader runs alone until its row after step 10's evaluation (amendment 3's fix).
@@ -88,8 +95,11 @@ start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
   step0 "${5:-}"
+  # an earlier lease's compile caches for this GPU model, where carried (`launch train --caches` checks their key)
+  CC=.carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
+  CACHES=(); [ -f "$CC" ] && CACHES=(--caches $CC)
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
-  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" --detach
+  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" "${CACHES[@]}" --detach
   for _ in $(seq ${PROBE_WAIT_S:-0}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
   cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
   mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
@@ -109,8 +119,8 @@ restart)  # restart SEED BUDGET [STEP0]
 watch)  # watch [S]
   python3 -m launch $PLAN watch --work $W --for-s ${2:-$(($(left) - 20))}
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-  python3 -m launch $PLAN pack --work $W --out $OUT ;;
+  python3 -m launch $PLAN pack --work $W --out $OUT --with-caches ;;
 pack)
-  python3 -m launch $PLAN pack --work $W --out $OUT ;;
+  python3 -m launch $PLAN pack --work $W --out $OUT --with-caches ;;
 *) echo "unknown part ${1:-}"; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ and a train stage that outlives its caller (`--detach`, `watch`, `pack`)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -81,6 +82,48 @@ def test_the_15b_experiments_third_lease_figure_recomputes_from_its_rows():
     assert (g["runs_going_median"], g["runs_going_max"]) == (1, 1)  # one 1.5B run at a time on an H100
     row = table({"1.5B launch3 (H100)": q15 / "launch3"}).splitlines()[-1]
     assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
+
+
+def test_the_15b_experiments_fourth_lease_figure_recomputes_from_its_rows():
+    """Issue 62's fourth lease (an H100, step 0 copied from launch1): S0-s5's first attempt crashed at its first
+    compile (next-lease.sh had named a file CC, which the image exports), so the lease held one pair, not two. The
+    crashed attempt has no step row and adds no run-step."""
+    q15 = QWEN.parent / "experiment-qwen15"
+    g = figures(q15 / "launch4")
+    assert (g["lease_s"], g["run_steps"], g["runs"], g["calls"]) == (1445.1, 60, 2, 33)
+    assert round(g["lease_s_per_run_step"], 2) == 24.08
+    assert (g["runs_going_median"], g["runs_going_max"]) == (1, 1)
+    row = table({"1.5B launch4 (H100)": q15 / "launch4"}).splitlines()[-1]
+    assert row in (QWEN.parent.parent / "docs/PERFORMANCE.md").read_text()
+
+
+# What compilers, linkers and loaders read from the environment: a lease script's own variable must not take one of
+# these names, since a name the image exports stays exported when a script assigns it (lease 4: CC=<a .tar.gz> became
+# the C compiler of every Triton build the detached launcher's runs made).
+TOOLCHAIN = {"CC", "CXX", "CPP", "LD", "AR", "AS", "NM", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CPATH",
+             "LIBRARY_PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "PATH", "HOME", "TMPDIR", "CUDA_HOME", "CUDA_PATH"}  # fmt: skip
+
+
+def toolchain_assignments(script: str) -> list[str]:
+    """Lines that assign a toolchain name without exporting it on purpose (`export NAME=` is a deliberate choice)."""
+    found = []
+    for line in script.splitlines():
+        code = line.split("#", 1)[0]
+        if re.match(r"\s*export\b", code):
+            continue
+        found += [f"{name}: {line.strip()}" for name in re.findall(r"(?:^|[\s;&|(])([A-Z_][A-Z0-9_]*)=", code)
+                  if name in TOOLCHAIN]  # fmt: skip
+    return found
+
+
+def test_no_lease_script_takes_a_name_the_toolchain_reads_from_the_environment():
+    lease4 = "  CC=.carry/caches/x.tar.gz\n"  # next-lease.sh's line at 974048d
+    assert toolchain_assignments(lease4) == ["CC: CC=.carry/caches/x.tar.gz"]
+    assert toolchain_assignments("export CC=gcc\nCACHE_FILE=x  # CC=y\n") == []
+    listed = subprocess.run(["git", "ls-files", "*.sh"], cwd=ROOT, capture_output=True, text=True)
+    assert "docs/experiment-qwen15/next-lease.sh" in listed.stdout.split()
+    for name in listed.stdout.split():
+        assert toolchain_assignments((ROOT / name).read_text()) == [], name
 
 
 def test_the_launch2_plan_differs_from_launch_1s_only_where_amendment_4_says():

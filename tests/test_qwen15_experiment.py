@@ -197,6 +197,27 @@ def test_s2_s1_started_again_gave_its_crashed_attempts_rows_so_amendment_3_count
     assert not archive.exists(crashed / "results/eval_step010.jsonl")
 
 
+def test_s0_s5s_crashed_attempt_wrote_no_step_so_its_second_is_its_start_again():
+    """Lease 4: S0-s5's first attempt died at its first compile (the lease script's CC name), before any step row.
+    By amendment 3 its start is its last state; with no step written there is no row to compare, only the step-0
+    rows both attempts copied from launch1, and the run's settings, which must be the same run's."""
+    from rundir import archive
+
+    crashed, again = DOCS / "launch4/crashed/qwen15-S0-s5", DOCS / "launch4/qwen15-S0-s5"
+    assert not archive.exists(crashed / "results/steps.jsonl")
+    for name in ("eval_step000.jsonl", "eval_step000_cap1024.jsonl", "eval_step000_cap1152.jsonl"):
+        assert archive.read_bytes(crashed / "results" / name) == archive.read_bytes(again / "results" / name)
+        assert archive.read_bytes(again / "results" / name) == archive.read_bytes(
+            DOCS / "launch1/qwen15-S0-s0/results" / name
+        )
+    first, second = (json.loads(archive.read_bytes(r / "run.json")) for r in (crashed, again))
+    written_at_end = ("started", "best_step")  # the start time, and what a finished run adds
+    assert {k: v for k, v in first.items() if k not in written_at_end} == {
+        k: v for k, v in second.items() if k not in written_at_end
+    }
+    assert len(archive.read_bytes(again / "results/steps.jsonl").splitlines()) == 30
+
+
 def test_the_figures_command_draws_the_pooled_pairs_of_every_lease(tmp_path):
     """`launch PLAN report --out DIR` without --results: analysis.compare's report and figures over the launches the
     plan's primary pools ("launch*"), as the README's figures were made."""

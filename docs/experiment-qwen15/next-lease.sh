@@ -28,10 +28,12 @@
 #                     trainer checks they are its own: same base path, snapshot, sets, caps and seeds, so W stays
 #                     /tmp/q15x in every lease), saving the leader's ~150 s of step 0; taken only where that launch
 #                     ran on this GPU model
-#   restart SEED BUDGET [STEP0]   after a run of SEED's pair crashed before any save (PLAN.md, amendment 3): its
+#   restart SEEDS BUDGET [STEP0]   after a run of a pair in SEEDS crashed before any save (PLAN.md, amendment 3): its
 #                     unfinished runs moved to $W/crashed/ (packed into $OUT/crashed.tar.xz: commit them as launchN/crashed/),
-#                     then the launcher again for that seed alone; lease 2 did this by hand for S2-s1
-#   watch [S]         until the launcher ends (or S s), then the rows so far into $OUT: should the machine be lost
+#                     then the launcher again for SEEDS (lease 4: `restart 5,6,7`); lease 2 did this by hand for S2-s1
+#   watch [S]         until the launcher ends (or S s, at most the call's 570 s less 60 for the packs: lease 4's
+#                     watch ended 19 s after its 560 and packed for ~30 s, past the call's limit, so no rows came
+#                     back; plain `watch` is the longest safe one), then the rows so far into $OUT: should the machine be lost
 #                     before `pack`, the last watch call's archive holds every pair that had finished by then; and
 #                     the launch's compile caches with their key (compile-caches.tar.gz, ~3 MiB): after the lease, keep
 #                     the last call's here as .carry/caches/<GPU name, non-alphanumerics as _>.tar.gz (e.g.
@@ -47,8 +49,11 @@
 # 880 of 1,856 samples: the two GPU models compute different rows (PLAN.md, "The leases"). Lease 2 (an H100, launch2/)
 # ran seed 1's pair; seed 2's pair is left out (PLAN.md, amendment 3: seed 100 runs in its place, after 15). Lease 3
 # (2026-12-06, an H100, launch3/) ran seeds 3 and 4 (`start 26 3,4,5 1500 docs/experiment-qwen15/launch1`; seed 5's pair
-# did not fit and was not started). The next lease: seeds 5,6,7 on an H200 (it evaluates step 0 itself), seeds 5,6,7
-# with STEP0 docs/experiment-qwen15/launch1 on an H100 (the launcher starts what fits); its rows unpack into launch4.
+# did not fit and was not started). Lease 4 (2026-12-06, an H100, launch4/) ran seed 5 (`start 26 5,6,7 1560 …`; its
+# S0-s5 died at its first compile, the cache file's variable being named CC, which the image exports: `restart 5,6,7
+# 1250 …` after it; seeds 6 and 7 did not fit). The next lease: seeds 6,7,8 on an H200 (it evaluates step 0 itself),
+# seeds 6,7,8 with STEP0 docs/experiment-qwen15/launch1 on an H100 (the launcher starts what fits), carrying
+# .carry/caches (lease 4's, NVIDIA_H100_80GB_HBM3.tar.gz); its rows unpack into launch5.
 # The first H200 lease's step-0 files are still the free check of the code since the trial (823d75a): same base bytes,
 # eval seeds and sets, so they must equal throughput3's byte for byte.
 # A leader given STEP0 runs alone until its first row; the GPU is then sized by the most the step-0 rows' own run held
@@ -58,7 +63,8 @@
 # and conversion ~70, two runs ~330 each, pack); with less left, start no pair (no seed is used up; PLAN.md, "No lease 3").
 # A start may charge more: 97 and 88 s on 2026-12-06 (PLAN.md, "No lease 3, again"), ~990 s for the pair then.
 # Lease 3's parts: start 36 s of budget, carry ~181 s (7.2 s a call), start call 42, conversion 34, runs 295-376 s
-# each: two pairs in 1,660 s of budget (launch3/lease.json).
+# each: two pairs in 1,660 s of budget (launch3/lease.json). Lease 4's runs took 476 and 391 s (seed 5's gate refilled
+# more): a lease holds one or two pairs, by its seeds. Watch with plain `watch` (the longest call that still packs).
 # Kill by a pattern that cannot match the calling shell: pkill -9 -f '^[^ ]*python3? -m trainer[.]train'.
 set -uo pipefail
 export HF_HUB_OFFLINE=1 PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -96,8 +102,8 @@ start)  # start LAST SEEDS BUDGET [STEP0]
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
   step0 "${5:-}"
   # an earlier lease's compile caches for this GPU model, where carried (`launch train --caches` checks their key)
-  CC=.carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
-  CACHES=(); [ -f "$CC" ] && CACHES=(--caches $CC)
+  CACHE_FILE=.carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
+  CACHES=(); [ -f "$CACHE_FILE" ] && CACHES=(--caches $CACHE_FILE)
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" "${CACHES[@]}" --detach
   for _ in $(seq ${PROBE_WAIT_S:-0}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
@@ -105,9 +111,9 @@ start)  # start LAST SEEDS BUDGET [STEP0]
   mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done
   cp /tmp/probe/*.log /tmp/pj/ 2>/dev/null; tar -C /tmp/pj -czf $OUT/probe-bf16.tar.gz .
   sleep 5; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
-restart)  # restart SEED BUDGET [STEP0]
+restart)  # restart SEEDS BUDGET [STEP0]
   mkdir -p $W/crashed
-  for run in $W/runs/qwen15-S?-s$2; do
+  for run in $(for s in ${2//,/ }; do ls -d $W/runs/qwen15-S?-s$s 2>/dev/null; done); do
     [ "$(wc -l < $run/results/steps.jsonl 2>/dev/null || echo 0)" -ge 30 ] && continue
     [ -e $W/crashed/$(basename $run) ] && { echo "$W/crashed/$(basename $run): exists (a second crash); keep it first"; exit 1; }
     mv $run $W/crashed/ && mv $W/runs/$(basename $run).log $W/crashed/ && echo "moved aside: $(basename $run)"
@@ -116,8 +122,9 @@ restart)  # restart SEED BUDGET [STEP0]
   step0 "${4:-}"
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $2 --budget-s $3 "${S0[@]}" --detach
   sleep 5; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
-watch)  # watch [S]
-  python3 -m launch $PLAN watch --work $W --for-s ${2:-$(($(left) - 20))}
+watch)  # watch [S]: S capped to leave the packs 60 s of the call (lease 4's `watch 560` ran past 600 s; no rows came back)
+  S=$(($(left) - 60)); [ -n "${2:-}" ] && [ "$2" -lt "$S" ] && S=$2
+  python3 -m launch $PLAN watch --work $W --for-s $S
   nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
   python3 -m launch $PLAN pack --work $W --out $OUT --with-caches ;;
 pack)

@@ -100,12 +100,14 @@ receive)  # receive K
 start)  # start LAST SEEDS BUDGET [STEP0]
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
-  step0 "${5:-}"
+  echo "joined at +$SECONDS s"  # the call's parts, timed (lease 4's took 53 s to the launcher, lease 3's ~25)
+  step0 "${5:-}"; echo "step-0 rows at +$SECONDS s"
   # an earlier lease's compile caches for this GPU model, where carried (`launch train --caches` checks their key)
   CACHE_FILE=.carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
   CACHES=(); [ -f "$CACHE_FILE" ] && CACHES=(--caches $CACHE_FILE)
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" "${CACHES[@]}" --detach
+  echo "launcher started at +$SECONDS s"
   for _ in $(seq ${PROBE_WAIT_S:-0}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
   cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
   mkdir -p /tmp/pj && for f in /tmp/probe/*/generation.json; do cp $f /tmp/pj/$(basename $(dirname $f)).json; done

@@ -82,3 +82,19 @@ def test_split_refuses_an_existing_folder(tmp_path):
     carry.split(_files(tmp_path), "m", repo, budget=4000)
     with pytest.raises(carry.CarryError, match=r"\.carry/m: exists"):
         carry.split(_files(tmp_path), "m", repo, budget=4000)
+
+
+def test_fits_names_the_call_a_grown_tree_pushes_over_the_limit(tmp_path, monkeypatch):
+    """A lease's commits grow the tree after the split; `fits` finds the call that no longer travels before the
+    machine starts (lease 4 had 0.5 MB to spare in its fullest call, and every lease adds ~0.5 MB of rows)."""
+    repo = _repo(tmp_path)
+    folders = carry.split(_files(tmp_path), "m", repo, budget=4000)
+    manifest = len((folders[0] / "manifest.json").read_bytes())
+    # the tree (1,000 bytes), the fullest call (4,000 bytes of parts and its manifest), 300 to spare
+    monkeypatch.setattr(carry, "CALL_LIMIT", 1000 + 4000 + manifest + 300)
+    assert carry.fits("m", repo) == 300
+    (repo / "rows.tar.xz").write_bytes(b"r" * 400)  # a lease's rows, untracked and not ignored: they travel
+    with pytest.raises(carry.CarryError, match=r"\.carry/m/call01: .* over a call's"):
+        carry.fits("m", repo)
+    with pytest.raises(carry.CarryError, match="no call folders"):
+        carry.fits("other", repo)

@@ -12,6 +12,10 @@ a wheel set) travels in back-to-back calls, each carrying one folder `.carry/<na
     python3 tools/carry.py join qwen05 --out /tmp/qwen05            # joins, checks every sha256, or exits 1
 
 The per-call budget is computed from the tree's real size at split time (64 MiB less the tree, less a margin).
+The tree grows after that (each lease commits rows), so before a lease `fits` checks every call folder against
+today's tree and exits 1 naming the first that no longer fits (then split again):
+
+    python tools/carry.py fits qwen05                               # here, before the machine starts
 Every call folder holds the manifest (names, sizes, sha256 of each file and each part), so `join` needs no
 state but /tmp/carry/<name>/ and refuses, with one line naming the part or file, anything missing or altered.
 Standard library only: it runs on the GPU machine's bare Python.
@@ -104,6 +108,22 @@ def split(files: list[Path], name: str, repo: Path, budget: int | None = None) -
     return folders
 
 
+def fits(name: str, repo: Path) -> int:
+    """The smallest room (bytes) any call folder of .carry/<name>/ leaves beside today's tree; CarryError naming the
+    first folder over the call limit (a lease's commits grow the tree after the split)."""
+    folders = sorted((repo / ".carry" / name).glob("call[0-9][0-9]"))
+    if not folders:
+        raise CarryError(f"{repo / '.carry' / name}: no call folders (split first)")
+    tree, room = tree_bytes(repo), []
+    for folder in folders:
+        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        if (left := CALL_LIMIT - tree - size) < 0:
+            raise CarryError(f"{folder}: {size} bytes beside the tree's {tree} are {-left} over a call's "
+                             f"{CALL_LIMIT}: split again")  # fmt: skip
+        room.append(left)
+    return min(room)
+
+
 def _ignore(repo: Path) -> None:
     """.carry/ must not travel as part of the tree (it is carried folder by folder)."""
     exclude = repo / ".git" / "info" / "exclude"
@@ -178,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--budget", type=int, help="bytes a call (default: 64 MiB less the tree and a margin)")
     r = sub.add_parser("receive", help="GPU machine: copy one call folder's parts to /tmp/carry/NAME/")
     r.add_argument("folder", type=Path)
+    f = sub.add_parser(
+        "fits", help="here: whether every call folder of .carry/NAME/ still fits beside the tree"
+    )
+    f.add_argument("name")
     j = sub.add_parser("join", help="GPU machine: join /tmp/carry/NAME/ into OUT, sha256-checked")
     j.add_argument("name")
     j.add_argument("--out", type=Path, required=True)
@@ -192,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sum(f['bytes'] for f in manifest['files'])} bytes in {len(folders)} call(s) of at most "
                   f"{manifest['budget']} bytes (tree {tree_bytes(repo)} bytes): "
                   + ", ".join(str(f.relative_to(repo)) for f in folders))  # fmt: skip
+        elif args.verb == "fits":
+            room = fits(args.name, Path(__file__).resolve().parent.parent)
+            print(f".carry/{args.name}: every call fits, {room} bytes to spare in the fullest")
         elif args.verb == "receive":
             dest = receive(args.folder, args.landing)
             print(f"{args.folder} -> {dest}")

@@ -6,6 +6,8 @@
 # Here, before the lease, after the last commit (the tree's size sets each call's share): `bash $0 prepare` (~2 min on
 # a fresh checkout: the 1.5B base from PyPI, MATH500 from ../shared/data, the wheels the GPU image lacks at the
 # lock's versions, split into .carry/whl/call01 and .carry/q15/callKK; it prints the number of q15 calls).
+# Then, right before `begin`, `bash $0 fits`: it exits 1 naming a call that no longer fits beside the grown tree
+# (lease 4's fullest call had 0.5 MB to spare, and a lease's rows add ~0.5 MB); `prepare` again if it does.
 # Calls, each with CAPGRPO_COMMIT set to the commit the tree is at (at or after the plan's final commit):
 #   begin             starts the machine; the wheels; issue 60's bf16 probe detached while the base is carried
 #                     (docs/performance/probe-bf16.sh; the start call starts the launcher, whose conversion
@@ -89,6 +91,8 @@ prepare)  # here, not on the GPU machine
   .venv/bin/python tools/carry.py split artifacts/qwen2.5-coder-1.5b.gguf artifacts/real/gsm_symbolic.tasks.json \
     artifacts/real/math500.jsonl --name q15 || exit 1
   echo "q15 calls: $(ls .carry/q15 | wc -l) (receive 1..N-1, then start N)" ;;
+fits)  # here, right before `begin`: every call still fits beside the tree, which each lease's rows grow (else prepare)
+  .venv/bin/python tools/carry.py fits whl && .venv/bin/python tools/carry.py fits q15 ;;
 begin)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 tools/carry.py receive .carry/whl/call01 && python3 tools/carry.py join whl --out /tmp/cw > $OUT/joinw.log 2>&1 || { cat $OUT/joinw.log; exit 1; }

@@ -16,6 +16,7 @@ The tree grows after that (each lease commits rows), so before a lease `fits` ch
 today's tree and exits 1 naming the first that no longer fits (then split again):
 
     python tools/carry.py fits qwen05                               # here, before the machine starts
+
 Every call folder holds the manifest (names, sizes, sha256 of each file and each part), so `join` needs no
 state but /tmp/carry/<name>/ and refuses, with one line naming the part or file, anything missing or altered.
 Standard library only: it runs on the GPU machine's bare Python.
@@ -208,16 +209,16 @@ def main(argv: list[str] | None = None) -> int:
     for p in (r, j):
         p.add_argument("--landing", type=Path, default=LANDING)
     args = parser.parse_args(argv)
+    repo = Path(__file__).resolve().parent.parent  # split and fits measure this checkout's tree
     try:
         if args.verb == "split":
-            repo = Path(__file__).resolve().parent.parent
             folders = split(args.files, args.name, repo, args.budget)
             manifest = json.loads((folders[0] / MANIFEST).read_text())
             print(f"{sum(f['bytes'] for f in manifest['files'])} bytes in {len(folders)} call(s) of at most "
                   f"{manifest['budget']} bytes (tree {tree_bytes(repo)} bytes): "
                   + ", ".join(str(f.relative_to(repo)) for f in folders))  # fmt: skip
         elif args.verb == "fits":
-            room = fits(args.name, Path(__file__).resolve().parent.parent)
+            room = fits(args.name, repo)
             print(f".carry/{args.name}: every call fits, {room} bytes to spare in the fullest")
         elif args.verb == "receive":
             dest = receive(args.folder, args.landing)

@@ -53,9 +53,11 @@
 # (2026-12-06, an H100, launch3/) ran seeds 3 and 4 (`start 26 3,4,5 1500 docs/experiment-qwen15/launch1`; seed 5's pair
 # did not fit and was not started). Lease 4 (2026-12-06, an H100, launch4/) ran seed 5 (`start 26 5,6,7 1560 …`; its
 # S0-s5 died at its first compile, the cache file's variable being named CC, which the image exports: `restart 5,6,7
-# 1250 …` after it; seeds 6 and 7 did not fit). The next lease: seeds 6,7,8 on an H200 (it evaluates step 0 itself),
-# seeds 6,7,8 with STEP0 docs/experiment-qwen15/launch1 on an H100 (the launcher starts what fits), carrying
-# .carry/caches (lease 4's, NVIDIA_H100_80GB_HBM3.tar.gz); its rows unpack into launch5.
+# 1250 …` after it; seeds 6 and 7 did not fit). Lease 5 (2026-12-06, an H100, launch5/) ran seed 6 (`start 27 6,7,8
+# 1515 docs/experiment-qwen15/launch1`, lease 4's caches carried; seeds 7 and 8 did not fit). The next lease: seeds
+# 7,8,9 on an H200 (it evaluates step 0 itself), seeds 7,8,9 with STEP0 docs/experiment-qwen15/launch1 on an H100 (the
+# launcher starts what fits), carrying .carry/caches (lease 5's, NVIDIA_H100_80GB_HBM3.tar.gz); its rows unpack into
+# launch6.
 # The first H200 lease's step-0 files are still the free check of the code since the trial (823d75a): same base bytes,
 # eval seeds and sets, so they must equal throughput3's byte for byte.
 # A leader given STEP0 runs alone until its first row; the GPU is then sized by the most the step-0 rows' own run held

@@ -14,7 +14,10 @@
 # needs a lease A again first: `warm` now packs TileLang's folder with the others (one compile-caches.tar.gz, in parts
 # when over 16 MiB: cat them here), so nothing is merged by hand. A and B may share a session: A on one machine, give
 # it back, split A's archive here as c182, then B on a fresh machine. The fla carry is rebuilt as below too.
-# Lease B (not run yet): a fresh machine, `receive 1`, `receive 2`, then `carried 1` carrying c182's call alone (fla's
+# Both ran on H100s 2026-12-06 (fourteenth lease, docs/performance/h100-2026-12-06c, at e7fbf72): A on a fresh machine
+# (`receive 1`, `warm`: step 1 / step 2 = 10.7x), A's archive split here as c182 (one call), then B on another fresh
+# machine (`receive 1`, `receive 2`, `carried 1`: 1.75x). An H200 lease A and B would give the H200's figures.
+# Lease B: a fresh machine, `receive 1`, `receive 2`, then `carried 1` carrying c182's call alone (fla's
 # call02 with c182's call01 and the tree come to 73 MB, over a call's 64 MiB; `install` takes call02 when it was carried
 # in an earlier call of the same machine).
 # Here, before either: fla 0.6.0 + tilelang 0.1.9 and the trainer's wheels, split as in h200-2026-12-04d/lease.sh's

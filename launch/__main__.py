@@ -55,6 +55,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="train: every new run copies these step-0 rows (an earlier lease's)",
     )
+    ap.add_argument(
+        "--committed-in",
+        type=Path,
+        default=None,
+        help="train: the experiment folder whose launch*/ runs are committed: those are not run again",
+    )
     ap.add_argument("--detach", action="store_true", help="train: in a session of its own, returning at once")
     ap.add_argument("--for-s", type=float, default=540.0, help="watch: seconds to follow at most")
     ap.add_argument(
@@ -144,7 +150,7 @@ def run(args: argparse.Namespace, argv: list[str] | None) -> int:
     seeds = None if args.seeds is None else _seeds(args.seeds)
     arms = None if args.arms is None else args.arms.split(",")
     return train(plan, work, out, args.smoke, args.budget_s, args.gguf, args.parallel, seeds, args.gpus,
-                 args.caches, arms, args.step0_from)  # fmt: skip
+                 args.caches, arms, args.step0_from, args.committed_in)  # fmt: skip
 
 
 def _seeds(text: str) -> list[int]:

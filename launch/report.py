@@ -58,7 +58,7 @@ class Launch:
             else self.plan.run_name.format(arm=arm, seed=seed)
         )
         found = [f / name for f in self.folders if archive.exists(f / name / "run.json")]
-        if len(found) > 1:  # a seed runs in one lease; a pair a lease left out is rerun under a new seed
+        if len(found) > 1:  # a run belongs to one launch (a pair's two may be in two: issue 62's amendment 4)
             raise LaunchError(
                 f"{name}: in {' and '.join(str(f.parent) for f in found)}; a run belongs to one launch"
             )

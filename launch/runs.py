@@ -2,13 +2,15 @@
 `budget.gpus: 0`).
 
 Whole seed pairs go to the GPUs round-robin (launch/gpus.py), each run with CUDA_VISIBLE_DEVICES set to its GPU (one
-GPU: the environment as it is). On each GPU runs go `budget.parallel` at a time, a seed's pair together; a run an
-earlier invocation left is resumed (`--resume`, exactly), a finished one is skipped. On a fresh start each GPU's
-first run goes alone until its first step row (it fills the compile caches the others then read), and that GPU's
-number at a time is cut to what it holds at the leader's measured memory; the disk, shared, bounds the runs of all
-GPUs together. Once a run has finished, a new seed pair starts only while that quickest run's time, once per round
-its GPU takes the pair in, still fits the budget. When the budget is spent every run gets SIGTERM (it ends its step, saves it and exits; the next
-invocation resumes it), then SIGINT to the group (it keeps its last saved state), then SIGKILL. Each run's
+GPU: the environment as it is). On each GPU runs go `budget.parallel` at a time, in seed order; a run an earlier
+invocation left is resumed (`--resume`, exactly), a finished one is skipped, and so is one an earlier lease
+committed (`--committed-in`). On a fresh start each GPU's first run goes alone until its first step row (it fills
+the compile caches the others then read), and that GPU's number at a time is cut to what it holds at the leader's
+measured memory; the disk, shared, bounds the runs of all GPUs together. Once a run has finished, a new run starts
+only while the slowest finished run's time still fits the budget: a run the budget would cut is left for the next
+lease (a pair's runs may span two leases on one GPU model). When the budget is spent every run gets SIGTERM (it ends
+its step, saves it and exits; the next invocation resumes it), then SIGINT to the group (it keeps its last saved
+state), then SIGKILL. Each run's
 settings come from launch/settings.py; what comes back is packed by launch/pack.py.
 """
 
@@ -67,13 +69,21 @@ def size_by_step0(gpu: Gpu, step0_rows: Path, own_evaluation_row: int) -> None:
         gpu.measure_row = own_evaluation_row
 
 
-def cannot_finish(seed: int | None, started: set, took: list[float], left: float, rounds: int = 1) -> bool:
-    """Whether `seed`'s pair would begin now (no run of it started, in this launch or an earlier one) with fewer
-    seconds `left` than it needs: the quickest run this launch finished `took`, once per round of runs its GPU
-    takes the pair in (two where one run goes at a time, as the 1.5B's on an H100). A pair the budget cuts is left
-    out and rerun under a new seed (issue 62's rule 4): starting it only adds rows no report reads, while a seed not
-    started stays for the next lease."""
-    return seed not in started and bool(took) and min(took) * rounds > left
+def cannot_finish(started: bool, took: list[float], left: float) -> bool:
+    """Whether a run would begin now (not `started`, in this launch or an earlier one) with fewer seconds `left`
+    than the slowest run this launch finished `took`. A run the budget cuts leaves its pair out, rerun under a new
+    seed (issue 62's rule 4), so it is not started: it goes first in the next lease, and its pair spans the two
+    (amendment 4; lease 5 ended with 609 s, one run's time, left unused under the rule of a whole pair)."""
+    return not started and bool(took) and max(took) > left
+
+
+def committed_runs(names: list[str], where: Path) -> list[str]:
+    """Those of `names` that an earlier lease committed under `where` (a run.json in a launch* folder, on disk or in
+    rows.tar.xz): a run belongs to one launch, so they are not run again."""
+    from rundir import archive
+
+    folders = sorted(p for p in where.glob("launch*") if p.is_dir())
+    return [n for n in names if any(archive.exists(f / n / "run.json") for f in folders)]
 
 
 def drop_weights(run: Path) -> None:
@@ -109,11 +119,12 @@ def cache_env(work: Path) -> dict[str, str]:
 
 def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None = None, gguf: Path | None = None,
           parallel: int | None = None, seeds: list[int] | None = None, gpus: int | None = None,
-          caches: Path | None = None, arms: list[str] | None = None,
-          step0_from: Path | None = None) -> int:  # fmt: skip
+          caches: Path | None = None, arms: list[str] | None = None, step0_from: Path | None = None,
+          committed_in: Path | None = None) -> int:  # fmt: skip
     """Start or resume every unfinished run until all are finished or the budget is spent, then pack; 1 where a
     run failed (each named with its log), else 0. `step0_from`: an earlier lease's step-0 rows of the same plan,
-    copied by every new run (each trainer checks they are its own) instead of evaluating the base again."""
+    copied by every new run (each trainer checks they are its own) instead of evaluating the base again;
+    `committed_in`: the experiment folder whose committed launches' runs are not run again."""
     if seeds is not None and (plan.seeds is None or not set(seeds) <= set(plan.seeds)):
         raise LaunchError(f"--seeds {seeds}: not among {plan.path}'s seeds {plan.seeds}")
     if arms is not None and not set(arms) <= set(plan.arms):
@@ -122,6 +133,10 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     if step0_from and not step0_from.is_file():
         raise LaunchError(
             f"--step0-from {step0_from}: no such file (an earlier run's results/eval_step000.jsonl)"
+        )
+    if committed_in is not None and not Path(committed_in).is_dir():
+        raise LaunchError(
+            f"--committed-in {committed_in}: no such folder (an experiment's, holding launch*/)"
         )
     if plan.status == "draft" and not smoke:
         raise LaunchError(f"{plan.path}: status draft; the lead commits the final plan before any run")
@@ -135,10 +150,15 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
     parallel = parallel or b.get("parallel", 2)
     grace_s, leader_s = b.get("grace_s", 75), b.get("leader_s", 240)
     steps = max_steps(plan, smoke)
-    # a seed's pair together: seed-major order
+    # seed-major order: a seed's runs one after the other, its partner first in the next lease if the budget parts them
     order = [(name, arm, seed) for i in range(len(plan.runs(plan.arms[0]))) for arm in plan.arms
              for name, seed in [plan.runs(arm)[i]]]  # fmt: skip
     order = [(n, a, s) for n, a, s in order if (seeds is None or s in seeds) and (arms is None or a in arms)]
+    if committed_in is not None:
+        done = committed_runs([n for n, _, _ in order], Path(committed_in))
+        for name in done:
+            print(f"{name}: committed in an earlier lease under {committed_in}; not run again", flush=True)
+        order = [x for x in order if x[0] not in done]
     for name, _, _ in order:  # refused before anything starts: a run folder is resumed, or new and empty
         run = run_dir(work, name)
         if run.is_dir() and any(run.iterdir()) and not (run / "run.json").is_file():
@@ -166,13 +186,10 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
 
     began: dict[Path, float] = {}  # when each run started, and how long each that finished took
     took: dict[Path, float] = {}
-    # seeds with a run started: by this launcher, or by an earlier one (its run.json; a new run writes one later)
-    started = {s for n, _, s in order if (run_dir(work, n) / "run.json").is_file()}
 
     def start(gpu: Gpu) -> None:
         run, arm, seed = gpu.queue.pop(0)
         began[run] = time.perf_counter()
-        started.add(seed)
         shared = (
             None
             if (run / "run.json").is_file()
@@ -219,13 +236,13 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         while running < disk and (room := [g for g in slots if g.has_room()]):
             gpu = min(room, key=lambda g: len(g.running))  # the least busy GPU first: the disk's cap evenly
             left = deadline - time.perf_counter()
-            pair = sum(q[2] == (seed := gpu.queue[0][2]) for q in gpu.queue)
-            rounds = -(-pair // gpu.parallel)  # its runs in rounds of what the GPU runs at a time
-            if cannot_finish(seed, started, list(took.values()), left, rounds):
-                gpu.queue = [q for q in gpu.queue if q[2] != seed]
-                gpu.note(f"seed {seed}'s pair not started: the quickest finished run took {min(took.values()):.0f} s "
-                         f"(x{rounds}, {pair} runs, {gpu.parallel} at a time), {left:.0f} s are left")  # fmt: skip
-                timeline.event("skip", seed=seed, left_s=round(left))
+            run, _, seed = gpu.queue[0]
+            # a run.json in $W: an earlier launcher of this lease began it, so it is resumed whatever is left
+            if cannot_finish((run / "run.json").is_file(), list(took.values()), left):
+                gpu.queue.pop(0)
+                gpu.note(f"{run.name} not started: the slowest finished run took {max(took.values()):.0f} s, "
+                         f"{left:.0f} s are left")  # fmt: skip
+                timeline.event("skip", run=run.name, seed=seed, left_s=round(left))
                 continue
             start(gpu)
             running += 1

@@ -261,47 +261,55 @@ def smoke_train(work: Path, out: Path, *flags: str) -> list[str]:
     return [PLANS[0], "train", "--smoke", *flags, "--work", str(work), "--out", str(out)]
 
 
-@pytest.mark.parametrize("parallel, rounds", [(2, 1), (1, 2)])
-def test_a_seed_pair_the_budget_cannot_finish_is_not_started(parallel, rounds, tmp_path, monkeypatch, capsys):
-    """A new pair starts only while the quickest run the launch finished would still end before the deadline: a pair
-    cut by the budget is left out (issue 62's rule 4), a pair not started keeps its seed for the next lease."""
+def test_a_run_the_budget_cannot_finish_is_not_started_and_its_partner_waits(tmp_path, monkeypatch, capsys):
+    """A new run starts only while the slowest run the launch finished would still end before the deadline: a run
+    cut by the budget leaves its pair out (issue 62's rule 4), a run not started goes first in the next lease
+    (amendment 4: lease 5 ended with 609 s, a run's time, unused). So a pair may be parted: seed 5's S0 runs, its S2
+    waits."""
     from launch import runs
 
-    assert not runs.cannot_finish(2, set(), [], 10.0)  # nothing finished yet: no estimate, it starts
-    assert runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 300.0)
-    assert not runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 450.0)
-    assert not runs.cannot_finish(2, {2}, [440.0], 10.0)  # its partner started: a pair always runs whole
-    # one run at a time (the 1.5B on an H100): the pair's two runs go one after the other
-    assert runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 600.0, rounds=2)
-    assert not runs.cannot_finish(2, {0, 1}, [440.0, 500.0], 900.0, rounds=2)
+    assert not runs.cannot_finish(False, [], 10.0)  # nothing finished yet: no estimate, it starts
+    # the slowest finished run, not the quickest: a run cut by the budget burns its seed
+    assert runs.cannot_finish(False, [351.0, 390.0], 380.0)
+    assert not runs.cannot_finish(False, [351.0, 390.0], 609.0)  # lease 5's end: one run fits, not a pair
+    assert not runs.cannot_finish(True, [440.0], 10.0)  # begun by an earlier launcher of the lease: resumed
     asked = []
 
-    def say_seed_5_cannot(seed, started, took, left, rounds):  # the launcher's wiring: what it measured, asks
-        asked.append((seed, set(started), list(took), left, rounds))
-        return seed == 5 and bool(took)
+    def s2_s5_cannot(started, took, left):  # the launcher's wiring: what it measured, asks
+        asked.append((started, list(took), left))
+        return len(took) >= 3  # after S0-s4, S2-s4 and S0-s5 finished, nothing more fits
 
-    monkeypatch.setattr(runs, "cannot_finish", say_seed_5_cannot)
+    monkeypatch.setattr(runs, "cannot_finish", s2_s5_cannot)
     work, out = tmp_path / "w", tmp_path / "o"
     assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
-    train = smoke_train(work, out, "--seeds", "4,5", "--parallel", str(parallel))
-    assert launch_main(train) == 0
+    # one run at a time (the 1.5B on an H100): S2-s5 is asked after three runs finished, and waits
+    assert launch_main(smoke_train(work, out, "--seeds", "4,5", "--parallel", "1")) == 0
     printed = capsys.readouterr().out
-    assert sorted(p.name for p in (work / "runs").iterdir() if p.is_dir()) == [
-        "smollm2-S0-s4",
-        "smollm2-S2-s4",
-    ]
-    assert (
-        "seed 5's pair not started: the quickest finished run took" in printed
-        and "2 of 4 runs at step 1" in printed
-    )
-    seed5 = [a for a in asked if a[0] == 5 and a[2]]
-    assert seed5 and seed5[0][1] == {4} and len(seed5[0][2]) >= 1 and min(seed5[0][2]) > 0 and seed5[0][3] > 0
-    assert {a[4] for a in asked if a[0] == 5} == {
-        rounds
-    }  # a pair's two runs: one round at 2 at a time, two at 1
-    assert f"(x{rounds}, 2 runs, {parallel} at a time)" in printed
+    ran = sorted(p.name for p in (work / "runs").iterdir() if p.is_dir())
+    assert ran == ["smollm2-S0-s4", "smollm2-S0-s5", "smollm2-S2-s4"]
+    assert "smollm2-S2-s5 not started: the slowest finished run took" in printed
+    assert "3 of 4 runs at step 1" in printed
     timeline = [json.loads(x) for x in (work / "runs/timeline.jsonl").read_text().splitlines()]
-    assert [e["seed"] for e in timeline if e["event"] == "skip"] == [5]
+    assert [(e["run"], e["seed"]) for e in timeline if e["event"] == "skip"] == [("smollm2-S2-s5", 5)]
+    assert asked[-1][0] is False and len(asked[-1][1]) == 3 and min(asked[-1][1]) > 0 and asked[-1][2] > 0
+
+
+def test_a_run_an_earlier_lease_committed_is_not_run_again(tmp_path, capsys):
+    """`--committed-in`: the partner of a run an earlier lease committed runs alone (amendment 4); a run belongs to
+    one launch, so the committed one is not run twice. A folder that is not there is refused in one line."""
+    work, out, experiment = tmp_path / "w", tmp_path / "o", tmp_path / "exp"
+    run = experiment / "launch6/smollm2-S0-s5"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    (experiment / "launch6/lease.json").write_text("{}")
+    assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
+    missing = smoke_train(work, out, "--seeds", "5", "--committed-in", str(tmp_path / "nowhere"))
+    assert launch_main(missing) == 1
+    assert "--committed-in" in capsys.readouterr().err
+    assert launch_main(smoke_train(work, out, "--seeds", "5", "--committed-in", str(experiment))) == 0
+    printed = capsys.readouterr().out
+    assert sorted(p.name for p in (work / "runs").iterdir() if p.is_dir()) == ["smollm2-S2-s5"]
+    assert "smollm2-S0-s5: committed in an earlier lease" in printed and "1 of 1 runs at step 1" in printed
 
 
 @pytest.mark.parametrize(

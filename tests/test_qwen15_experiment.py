@@ -174,6 +174,47 @@ def test_every_training_run_ran_from_the_final_plan_or_later_and_skipped_no_upda
     assert all(len(d) == 1 for d in devices.values())
 
 
+# what computes a run's rows (amendment 4): a pair whose arms ran at two commits must show no change here between them
+RUN_CODE = ["trainer", "engine", "rewards", "data", "bases", "launch/settings.py", "requirements.lock",
+            "docs/experiment-qwen15/recipe.yaml", "docs/experiment-qwen15/plan.yaml"]  # fmt: skip
+
+
+def pairs_parted_by_code(commits: dict[str, dict[str, str]]) -> list[str]:
+    """The seeds (of {seed: {arm: commit}}) whose two arms ran at commits that differ in RUN_CODE."""
+    import subprocess
+
+    parted = []
+    for seed, by_arm in sorted(commits.items()):
+        first, *rest = sorted(set(by_arm.values()))
+        for other in rest:
+            diff = subprocess.run(["git", "diff", "--quiet", first, other, "--", *RUN_CODE], cwd=REPO)
+            if diff.returncode not in (0, 1):
+                raise RuntimeError(f"git diff {first} {other}: exit {diff.returncode}")
+            parted += [seed] * diff.returncode
+    return parted
+
+
+def test_a_pair_spanning_two_leases_ran_the_same_run_code_in_both_arms():
+    """Amendment 4: a pair's runs may run in two leases; the code that computes them must be the same. Checked on
+    every committed pair, and shown to catch a pair whose arms straddle a change to the trainer."""
+    import subprocess
+
+    import pytest
+
+    from rundir import archive
+
+    commits: dict[str, dict[str, str]] = {}
+    for run in archive.glob(str(DOCS / "launch*/qwen15-*")):
+        arm, seed = run.name.removeprefix("qwen15-").split("-s")
+        commits.setdefault(seed, {})[arm] = json.loads(archive.read_bytes(run / "run.json"))["code"]["commit"]
+    if subprocess.run(["git", "cat-file", "-e", "5862de6"], cwd=REPO).returncode:
+        pytest.skip("no git history here to compare the commits")
+    assert pairs_parted_by_code(commits) == []
+    # 742b176 (lease 1) and 974048d (lease 4): trainer/ changed between them, so such a pair would be refused
+    assert pairs_parted_by_code({"x": {"S0": "742b176", "S2": "974048d"}}) == ["x"]
+    assert pairs_parted_by_code({"y": {"S0": "17e43d3", "S2": "e7fbf72"}}) == []  # tools/carry.py only
+
+
 def test_s2_s1_started_again_gave_its_crashed_attempts_rows_so_amendment_3_counts_it_resumed():
     """Amendment 3: S2-s1 ran out of memory during step 10 (lease 2) and was started again from its start; it is
     not a failure only if the new attempt's rows equal the crashed attempt's at every step that attempt wrote

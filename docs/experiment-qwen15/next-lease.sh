@@ -58,6 +58,12 @@
 # 7,8,9 on an H200 (it evaluates step 0 itself), seeds 7,8,9 with STEP0 docs/experiment-qwen15/launch1 on an H100 (the
 # launcher starts what fits), carrying .carry/caches (lease 5's, NVIDIA_H100_80GB_HBM3.tar.gz); its rows unpack into
 # launch6.
+# Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
+# left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
+# `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting
+# S2 goes first), is asked for the same GPU model (run's kind nvidia-h100-x1 for an H100: not nvidia-h200, which may
+# lend an H200), and runs at a commit with the same run code (no change under trainer/, engine/, rewards/, data/,
+# bases/, launch/settings.py, the recipe, plan.yaml or the lock while a partner waits; tests/test_qwen15_experiment.py).
 # The first H200 lease's step-0 files are still the free check of the code since the trial (823d75a): same base bytes,
 # eval seeds and sets, so they must equal throughput3's byte for byte.
 # A leader given STEP0 runs alone until its first row; the GPU is then sized by the most the step-0 rows' own run held
@@ -112,7 +118,8 @@ start)  # start LAST SEEDS BUDGET [STEP0]
   CACHE_FILE=.carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
   CACHES=(); [ -f "$CACHE_FILE" ] && CACHES=(--caches $CACHE_FILE)
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
-  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" "${CACHES[@]}" --detach
+  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" "${CACHES[@]}" \
+    --committed-in docs/experiment-qwen15 --detach  # a run an earlier lease committed is not run again (amendment 4)
   echo "launcher started at +$SECONDS s"
   for _ in $(seq ${PROBE_WAIT_S:-0}); do grep -q '^eval-bf16-1152 ' /tmp/probe/done 2>/dev/null && break; sleep 1; done
   cat /tmp/probe/done; pkill -9 -f 'bench[.]generation'
@@ -128,7 +135,8 @@ restart)  # restart SEEDS BUDGET [STEP0]
   done
   tar -C $W -cJf $OUT/crashed.tar.xz crashed || exit 1
   step0 "${4:-}"
-  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $2 --budget-s $3 "${S0[@]}" --detach
+  python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $2 --budget-s $3 "${S0[@]}" \
+    --committed-in docs/experiment-qwen15 --detach
   sleep 5; python3 -m launch $PLAN watch --work $W --for-s 1 ;;
 watch)  # watch [S]: S capped to leave the packs 60 s of the call (lease 4's `watch 560` ran past 600 s; no rows came back)
   S=$(($(left) - 60)); [ -n "${2:-}" ] && [ "$2" -lt "$S" ] && S=$2

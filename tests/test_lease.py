@@ -63,6 +63,8 @@ Q15_LEASES = [
     ("launch4", 1445.1, 60, 2, 33, 24.08, 1, 1, 3.00),
     # seed 6, lease 4's compile caches carried; seeds 7 and 8 did not fit
     ("launch5", 1096.1, 60, 2, 30, 18.27, 1, 1, 2.93),
+    # seed 7's pair and S0-s8 (amendment 4: a run, not a pair; S2-s8 did not fit), no compile caches carried
+    ("launch6", 1372.8, 90, 3, 31, 15.25, 1, 1, 2.69),
 ]
 
 

@@ -54,10 +54,13 @@
 # did not fit and was not started). Lease 4 (2026-12-06, an H100, launch4/) ran seed 5 (`start 26 5,6,7 1560 …`; its
 # S0-s5 died at its first compile, the cache file's variable being named CC, which the image exports: `restart 5,6,7
 # 1250 …` after it; seeds 6 and 7 did not fit). Lease 5 (2026-12-06, an H100, launch5/) ran seed 6 (`start 27 6,7,8
-# 1515 docs/experiment-qwen15/launch1`, lease 4's caches carried; seeds 7 and 8 did not fit). The next lease: seeds
-# 7,8,9 on an H200 (it evaluates step 0 itself), seeds 7,8,9 with STEP0 docs/experiment-qwen15/launch1 on an H100 (the
-# launcher starts what fits), carrying .carry/caches (lease 5's, NVIDIA_H100_80GB_HBM3.tar.gz); its rows unpack into
-# launch6.
+# 1515 docs/experiment-qwen15/launch1`, lease 4's caches carried; seeds 7 and 8 did not fit). Lease 6 (2026-12-06, an
+# H100, launch6/, the first under amendment 4) ran S0-s7, S2-s7 and S0-s8 (`start 27 7,8,9,10 1665 …`, no caches:
+# .carry/ is not in a new checkout); S2-s8 did not fit (378 s left against the slowest run's 446). The next lease:
+# **S2-s8 waits**, so run's kind is nvidia-h100-x1 for every call and no run code changes before it (below):
+# `start 27 8,9,10,11 BUDGET docs/experiment-qwen15/launch1` (S2-s8 goes first; `--committed-in` drops S0-s8), carrying
+# .carry/caches (lease 6's, NVIDIA_H100_80GB_HBM3.tar.gz, where this checkout still has it); its rows unpack into
+# launch7.
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
 # left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
 # `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting

@@ -270,3 +270,32 @@ def test_the_figures_command_draws_the_pooled_pairs_of_every_lease(tmp_path):
     assert drawn >= {"accuracy.png", "unresolved_rates.png", "output_length.png"}
     text = (folder / "report.md").read_text()
     assert "| training seeds | 0" in text and "launch1/qwen15-S2-s0" in text  # seed 0's pair, the first
+
+
+def test_the_readme_headline_numbers_recompute_from_the_rows():
+    """The headline paragraph's numbers that the report block does not print: each arm's truncated share on the
+    primary set at step 30, seed by seed, and the sign-flip power 16 pairs have at the tested seeds' SD."""
+    import statistics
+
+    from analysis.stats import sign_flip_power
+    from launch.report import Launch, Run, launch_where
+
+    lx = Launch(PLAN, launch_where(REPO / PLAN.results, "launch*"))
+    seeds = lx.tested_seeds()
+    headline = " ".join((DOCS / "README.md").read_text().split("\n\n")[1].split())  # as read, not as wrapped
+
+    def listed(values: list[float], unit: str = "") -> str:
+        cells = [f"{v:.1f}" for v in values]
+        return ", ".join(cells[:-1]) + f" and {cells[-1]}{unit}"
+
+    score = {arm: [Run(lx.dir(arm, s)).score(30, lx.set) for s in seeds] for arm in lx.arms}
+    for arm in lx.arms:
+        assert listed([100 * x.rate("truncated") for x in score[arm]], "%") in headline, arm
+    diffs = [100 * (a.rate("correct") - b.rate("correct")) for a, b in zip(score["S2"], score["S0"])]
+    sd = statistics.stdev(diffs)
+    assert f"({sd:.1f} pp), 16 pairs give" in headline
+    power = [round(100 * sign_flip_power(sd, effect, 16)) for effect in (3, 3.5, 4, 5)]
+    assert (
+        f"{power[0]}% power at +3 pp, {power[1]}% at +3.5, {power[2]}% at +4 and {power[3]}% at +5"
+        in headline
+    )

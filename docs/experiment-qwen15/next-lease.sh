@@ -103,7 +103,9 @@ prepare)  # here, not on the GPU machine
     artifacts/real/math500.jsonl --name q15 || exit 1
   echo "q15 calls: $(ls .carry/q15 | wc -l) (receive 1..N-1, then start N)" ;;
 fits)  # here, right before `begin`: every call still fits beside the tree, which each lease's rows grow (else prepare)
-  .venv/bin/python tools/carry.py fits whl && .venv/bin/python tools/carry.py fits q15 ;;
+  .venv/bin/python tools/carry.py fits whl && .venv/bin/python tools/carry.py fits q15 || exit 1
+  # .carry/ is not in a new checkout: without an earlier lease's caches the leader compiles (~55 s; lease 6)
+  ls .carry/caches/*.tar.gz 2>/dev/null || echo "no compile caches in .carry/caches: the leader compiles everything" ;;
 begin)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 tools/carry.py receive .carry/whl/call01 && python3 tools/carry.py join whl --out /tmp/cw > $OUT/joinw.log 2>&1 || { cat $OUT/joinw.log; exit 1; }

@@ -65,6 +65,9 @@ Q15_LEASES = [
     ("launch5", 1096.1, 60, 2, 30, 18.27, 1, 1, 2.93),
     # seed 7's pair and S0-s8 (amendment 4: a run, not a pair; S2-s8 did not fit), no compile caches carried
     ("launch6", 1372.8, 90, 3, 31, 15.25, 1, 1, 2.69),
+    # S2-s8 (its partner ran in lease 6), seed 9's pair and S0-s10; no compile caches (the call carrying them was over
+    # 64 MiB and refused)
+    ("launch7", 1683.3, 120, 4, 31, 14.03, 1, 1, 2.65),
 ]
 
 

@@ -98,3 +98,20 @@ def test_fits_names_the_call_a_grown_tree_pushes_over_the_limit(tmp_path, monkey
         carry.fits("m", repo)
     with pytest.raises(carry.CarryError, match="no call folders"):
         carry.fits("other", repo)
+
+
+def test_fits_counts_what_travels_beside_the_parts(tmp_path, monkeypatch):
+    """Lease 7's start call carried the compile caches beside a full part and was refused over 64 MiB: `fits --with`
+    counts them in every call they travel with."""
+    repo = _repo(tmp_path)
+    folders = carry.split(_files(tmp_path), "m", repo, budget=4000)
+    manifest = len((folders[0] / "manifest.json").read_bytes())
+    monkeypatch.setattr(carry, "CALL_LIMIT", 1000 + 4000 + manifest + 300)
+    caches = repo / ".carry" / "caches"
+    caches.mkdir()
+    (caches / "GPU.tar.gz").write_bytes(b"c" * 200)
+    assert carry.fits("m", repo, (caches,)) == 100
+    (caches / "GPU.tar.gz").write_bytes(b"c" * 400)
+    with pytest.raises(carry.CarryError, match=r"call01: .* and 400 of .*caches are 100 over a call's"):
+        carry.fits("m", repo, (caches,))
+    assert carry.fits("m", repo) == 300

@@ -15,7 +15,7 @@ The per-call budget is computed from the tree's real size at split time (64 MiB 
 The tree grows after that (each lease commits rows), so before a lease `fits` checks every call folder against
 today's tree and exits 1 naming the first that no longer fits (then split again):
 
-    python tools/carry.py fits qwen05                               # here, before the machine starts
+    python tools/carry.py fits qwen05 [--with PATH]                 # here, before the machine starts
 
 Every call folder holds the manifest (names, sizes, sha256 of each file and each part), so `join` needs no
 state but /tmp/carry/<name>/ and refuses, with one line naming the part or file, anything missing or altered.
@@ -109,17 +109,22 @@ def split(files: list[Path], name: str, repo: Path, budget: int | None = None) -
     return folders
 
 
-def fits(name: str, repo: Path) -> int:
-    """The smallest room (bytes) any call folder of .carry/<name>/ leaves beside today's tree; CarryError naming the
-    first folder over the call limit (a lease's commits grow the tree after the split)."""
+def fits(name: str, repo: Path, beside: tuple[Path, ...] = ()) -> int:
+    """The smallest room (bytes) any call folder of .carry/<name>/ leaves beside today's tree and the paths `beside`
+    (carried in the same calls); CarryError naming the first folder over the call limit (a lease's commits grow the
+    tree after the split; lease 7's start call, carrying the compile caches beside a full part, was refused)."""
     folders = sorted((repo / ".carry" / name).glob("call[0-9][0-9]"))
     if not folders:
         raise CarryError(f"{repo / '.carry' / name}: no call folders (split first)")
+    extra = sum(
+        f.stat().st_size for p in beside for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()
+    )
     tree, room = tree_bytes(repo), []
     for folder in folders:
         size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-        if (left := CALL_LIMIT - tree - size) < 0:
-            raise CarryError(f"{folder}: {size} bytes beside the tree's {tree} are {-left} over a call's "
+        if (left := CALL_LIMIT - tree - extra - size) < 0:
+            with_ = f" and {extra} of {', '.join(map(str, beside))}" if beside else ""
+            raise CarryError(f"{folder}: {size} bytes beside the tree's {tree}{with_} are {-left} over a call's "
                              f"{CALL_LIMIT}: split again")  # fmt: skip
         room.append(left)
     return min(room)
@@ -203,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         "fits", help="here: whether every call folder of .carry/NAME/ still fits beside the tree"
     )
     f.add_argument("name")
+    f.add_argument("--with", dest="beside", type=Path, action="append", default=[],
+                   help="a path carried in the same calls (e.g. .carry/caches)")  # fmt: skip
     j = sub.add_parser("join", help="GPU machine: join /tmp/carry/NAME/ into OUT, sha256-checked")
     j.add_argument("name")
     j.add_argument("--out", type=Path, required=True)
@@ -218,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{manifest['budget']} bytes (tree {tree_bytes(repo)} bytes): "
                   + ", ".join(str(f.relative_to(repo)) for f in folders))  # fmt: skip
         elif args.verb == "fits":
-            room = fits(args.name, repo)
+            room = fits(args.name, repo, tuple(repo / p for p in args.beside))
             print(f".carry/{args.name}: every call fits, {room} bytes to spare in the fullest")
         elif args.verb == "receive":
             dest = receive(args.folder, args.landing)

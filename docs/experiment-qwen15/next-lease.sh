@@ -15,7 +15,7 @@
 #                     part is measured on both GPU models (PERFORMANCE.md), and 40 s may be a second pair's margin;
 #                     the probe's finished parts are still packed)
 #   receive K         every q15 part but the last
-#   start LAST SEEDS BUDGET [STEP0]   the last part (carried with .carry/caches), join; the pairs SEEDS (e.g. 0,1,2:
+#   start LAST SEEDS BUDGET [STEP0]   the last part, join (and the caches `begin` received); the pairs SEEDS (e.g. 0,1,2:
 #                     seed order, both arms of a pair together) detached, the launcher's budget BUDGET s: the
 #                     device time left less ~60 s for the pack. The plan projects ~440 s a pair and 2 whole pairs
 #                     in a first lease (PLAN.md); the launcher starts a new pair only while its quickest finished run
@@ -39,7 +39,8 @@
 #                     before `pack`, the last watch call's archive holds every pair that had finished by then; and
 #                     the launch's compile caches with their key (compile-caches.tar.gz, ~3 MiB): after the lease, keep
 #                     the last call's here as .carry/caches/<GPU name, non-alphanumerics as _>.tar.gz (e.g.
-#                     NVIDIA_H100_80GB_HBM3.tar.gz) and carry .carry/caches with `start`'s last part: its leader then
+#                     NVIDIA_H100_80GB_HBM3.tar.gz) and carry .carry/caches with `begin` (its wheels leave ~40 MB of the call;
+#                     lease 7 carried them beside the last base part, over 64 MiB, and was refused): its leader then
 #                     compiles nothing an earlier lease on that GPU model compiled (lease 3's leader: ~29 s of
 #                     compiling at its first step and first evaluation, from its rows against its partners')
 #   pack              the rows into $OUT (<plan name>.tar.xz)
@@ -56,11 +57,14 @@
 # 1250 …` after it; seeds 6 and 7 did not fit). Lease 5 (2026-12-06, an H100, launch5/) ran seed 6 (`start 27 6,7,8
 # 1515 docs/experiment-qwen15/launch1`, lease 4's caches carried; seeds 7 and 8 did not fit). Lease 6 (2026-12-06, an
 # H100, launch6/, the first under amendment 4) ran S0-s7, S2-s7 and S0-s8 (`start 27 7,8,9,10 1665 …`, no caches:
-# .carry/ is not in a new checkout); S2-s8 did not fit (378 s left against the slowest run's 446). The next lease:
-# **S2-s8 waits**, so run's kind is nvidia-h100-x1 for every call and no run code changes before it (below):
-# `start 27 8,9,10,11 BUDGET docs/experiment-qwen15/launch1` (S2-s8 goes first; `--committed-in` drops S0-s8), carrying
-# .carry/caches (lease 6's, NVIDIA_H100_80GB_HBM3.tar.gz, where this checkout still has it); its rows unpack into
-# launch7.
+# .carry/ is not in a new checkout); S2-s8 did not fit (378 s left against the slowest run's 446). Lease 7 (2026-12-06,
+# an H100, launch7/) ran S2-s8, S0-s9, S2-s9 and S0-s10 (`start 27 8,9,10,11 1630 …`, every call nvidia-h100-x1; no
+# caches: carried beside part 27 they made the call over 64 MiB, so `begin` carries them now); S2-s10 did not fit (52 s
+# left). The next lease: **S2-s10 waits**, so run's kind is nvidia-h100-x1 for every call and no run code changes
+# before it (below): `start N 10,11,12,13 BUDGET docs/experiment-qwen15/launch1` (S2-s10 goes first; `--committed-in`
+# drops S0-s10), `begin` carrying [".carry/whl/call01", ".carry/caches"] (lease 7's, NVIDIA_H100_80GB_HBM3.tar.gz, where
+# this checkout still has it); run `fits` first: lease 7's rows left part 27 0.36 MB to spare, so the next lease's
+# commits will likely need `prepare` again (N: the q15 calls it prints); its rows unpack into launch8.
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
 # left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
 # `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting
@@ -103,13 +107,15 @@ prepare)  # here, not on the GPU machine
     artifacts/real/math500.jsonl --name q15 || exit 1
   echo "q15 calls: $(ls .carry/q15 | wc -l) (receive 1..N-1, then start N)" ;;
 fits)  # here, right before `begin`: every call still fits beside the tree, which each lease's rows grow (else prepare)
-  .venv/bin/python tools/carry.py fits whl && .venv/bin/python tools/carry.py fits q15 || exit 1
+  .venv/bin/python tools/carry.py fits whl --with .carry/caches && .venv/bin/python tools/carry.py fits q15 || exit 1
   # .carry/ is not in a new checkout: without an earlier lease's caches the leader compiles (~55 s; lease 6)
   ls .carry/caches/*.tar.gz 2>/dev/null || echo "no compile caches in .carry/caches: the leader compiles everything" ;;
 begin)
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 tools/carry.py receive .carry/whl/call01 && python3 tools/carry.py join whl --out /tmp/cw > $OUT/joinw.log 2>&1 || { cat $OUT/joinw.log; exit 1; }
   python3 -m pip install -q --no-index --no-deps /tmp/cw/*.whl > $OUT/wheels.log 2>&1 || { cat $OUT/wheels.log; exit 1; }
+  # the compile caches ride here, where the wheels leave room; /tmp lasts while the calls follow within 30 s
+  mkdir -p /tmp/carry/caches && { cp .carry/caches/*.tar.gz /tmp/carry/caches/ 2>/dev/null; ls /tmp/carry/caches; }
   mkdir -p /tmp/probe/repo && tar --exclude=./.carry -cf - . | tar -xf - -C /tmp/probe/repo
   (cd /tmp/probe/repo && PYTHONPATH=/tmp/probe/repo setsid bash docs/performance/probe-bf16.sh > /tmp/probe/probe.log 2>&1 < /dev/null &) ;;
 receive)  # receive K
@@ -120,7 +126,7 @@ start)  # start LAST SEEDS BUDGET [STEP0]
   echo "joined at +$SECONDS s"  # the call's parts, timed (lease 4's took 53 s to the launcher, lease 3's ~25)
   step0 "${5:-}"; echo "step-0 rows at +$SECONDS s"
   # an earlier lease's compile caches for this GPU model, where carried (`launch train --caches` checks their key)
-  CACHE_FILE=.carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
+  CACHE_FILE=/tmp/carry/caches/$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr -c 'A-Za-z0-9\n' _).tar.gz
   CACHES=(); [ -f "$CACHE_FILE" ] && CACHES=(--caches $CACHE_FILE)
   # the launcher first: its base conversion is CPU work (>= 45 s), in which the probe may finish on the GPU
   python3 -m launch $PLAN train --work $W --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds $3 --budget-s $4 "${S0[@]}" "${CACHES[@]}" \

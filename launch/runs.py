@@ -27,6 +27,8 @@ from launch.pack import CACHES, pack, unpack_caches
 from launch.plan import ROOT, LaunchError, Plan
 from launch.settings import argv, base_settings, first_evaluated_step, max_steps, run_settings
 from launch.watch import Timeline
+from rundir import archive
+from rundir.files import read_jsonl, steps_path
 from rundir.run_json import read_run_json
 
 
@@ -35,8 +37,6 @@ def run_dir(work: Path, name: str) -> Path:
 
 
 def finished(run: Path, steps: int) -> bool:
-    from rundir.files import read_jsonl, steps_path
-
     if not steps_path(run).is_file():
         return False
     return (
@@ -80,8 +80,6 @@ def cannot_finish(started: bool, took: list[float], left: float) -> bool:
 def committed_runs(names: list[str], where: Path) -> list[str]:
     """Those of `names` that an earlier lease committed under `where` (a run.json in a launch* folder, on disk or in
     rows.tar.xz): a run belongs to one launch, so they are not run again."""
-    from rundir import archive
-
     folders = sorted(p for p in where.glob("launch*") if p.is_dir())
     return [n for n in names if any(archive.exists(f / n / "run.json") for f in folders)]
 

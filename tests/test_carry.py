@@ -67,14 +67,30 @@ def test_budget_is_the_call_limit_less_the_tree(tmp_path, monkeypatch):
     (repo / "untracked.bin").write_bytes(b"u" * 500)  # untracked, not ignored: it travels
     (repo / ".gitignore").write_text("ignored.bin\n")
     (repo / "ignored.bin").write_bytes(b"i" * 10_000)  # ignored: it does not
-    assert carry.tree_bytes(repo) == 1000 + 500 + len("ignored.bin\n")
-    monkeypatch.setattr(carry, "CALL_LIMIT", carry.MARGIN + 1512 + 2**20 + 100)
+    assert carry.tree_bytes(repo) == 3 * carry.BLOCK  # tracked.txt, untracked.bin, .gitignore: a block each
+    monkeypatch.setattr(carry, "CALL_LIMIT", carry.MARGIN + 3 * carry.BLOCK + 2**20 + 100)
     folders = carry.split(_files(tmp_path), "m", repo)
     manifest = (folders[0] / "manifest.json").read_text()
     assert '"budget": 1048676' in manifest  # 1 MiB + 100: the limit less tree and margin
-    monkeypatch.setattr(carry, "CALL_LIMIT", carry.MARGIN + 1512 + 100)
+    monkeypatch.setattr(carry, "CALL_LIMIT", carry.MARGIN + 3 * carry.BLOCK + 100)
     with pytest.raises(carry.CarryError, match="under 1 MiB"):
         carry.split(_files(tmp_path), "n", repo)
+
+
+def test_a_file_counts_as_its_whole_blocks(tmp_path):
+    """Lease 8's parts were refused though the files' bytes left 356,072 to spare: the device tool counts more. By
+    4 KiB blocks its 503-file tree was 1.13 MB larger, which explains that refusal and lease 7's pass."""
+    repo = _repo(tmp_path)
+    for k in range(10):
+        (repo / f"small{k}.json").write_bytes(b"{}")
+    (repo / "exact.bin").write_bytes(b"e" * carry.BLOCK)
+    (repo / "over.bin").write_bytes(b"o" * (carry.BLOCK + 1))
+    # tracked.txt and ten 2-byte files a block each, exact.bin one, over.bin two
+    assert carry.tree_bytes(repo) == (1 + 10 + 1 + 2) * carry.BLOCK
+
+
+def _fullest(folders: list[Path]) -> int:
+    return max(sum(carry.on_disk(p) for p in f.iterdir()) for f in folders)
 
 
 def test_split_refuses_an_existing_folder(tmp_path):
@@ -89,12 +105,12 @@ def test_fits_names_the_call_a_grown_tree_pushes_over_the_limit(tmp_path, monkey
     machine starts (lease 4 had 0.5 MB to spare in its fullest call, and every lease adds ~0.5 MB of rows)."""
     repo = _repo(tmp_path)
     folders = carry.split(_files(tmp_path), "m", repo, budget=4000)
-    manifest = len((folders[0] / "manifest.json").read_bytes())
-    # the tree (1,000 bytes), the fullest call (4,000 bytes of parts and its manifest), 300 to spare
-    monkeypatch.setattr(carry, "CALL_LIMIT", 1000 + 4000 + manifest + 300)
+    # the tree (tracked.txt, one block), the fullest call (call03: the gguf's tail and the wheel, a block each, and
+    # its manifest), 300 to spare
+    monkeypatch.setattr(carry, "CALL_LIMIT", carry.BLOCK + _fullest(folders) + 300)
     assert carry.fits("m", repo) == 300
     (repo / "rows.tar.xz").write_bytes(b"r" * 400)  # a lease's rows, untracked and not ignored: they travel
-    with pytest.raises(carry.CarryError, match=r"\.carry/m/call01: .* over a call's"):
+    with pytest.raises(carry.CarryError, match=r"\.carry/m/call03: .* over a call's"):
         carry.fits("m", repo)
     with pytest.raises(carry.CarryError, match="no call folders"):
         carry.fits("other", repo)
@@ -105,13 +121,14 @@ def test_fits_counts_what_travels_beside_the_parts(tmp_path, monkeypatch):
     counts them in every call they travel with."""
     repo = _repo(tmp_path)
     folders = carry.split(_files(tmp_path), "m", repo, budget=4000)
-    manifest = len((folders[0] / "manifest.json").read_bytes())
-    monkeypatch.setattr(carry, "CALL_LIMIT", 1000 + 4000 + manifest + 300)
+    monkeypatch.setattr(carry, "CALL_LIMIT", carry.BLOCK + _fullest(folders) + carry.BLOCK + 300)
     caches = repo / ".carry" / "caches"
     caches.mkdir()
     (caches / "GPU.tar.gz").write_bytes(b"c" * 200)
-    assert carry.fits("m", repo, (caches,)) == 100
-    (caches / "GPU.tar.gz").write_bytes(b"c" * 400)
-    with pytest.raises(carry.CarryError, match=r"call01: .* and 400 of .*caches are 100 over a call's"):
+    assert carry.fits("m", repo, (caches,)) == 300
+    (caches / "GPU.tar.gz").write_bytes(b"c" * (carry.BLOCK + 1))
+    with pytest.raises(
+        carry.CarryError, match=rf"call03: .* and {2 * carry.BLOCK} of .*caches are 3796 over a call's"
+    ):
         carry.fits("m", repo, (caches,))
-    assert carry.fits("m", repo) == 300
+    assert carry.fits("m", repo) == carry.BLOCK + 300

@@ -11,7 +11,8 @@ a wheel set) travels in back-to-back calls, each carrying one folder `.carry/<na
     # the last call, before the work that needs the files:
     python3 tools/carry.py join qwen05 --out /tmp/qwen05            # joins, checks every sha256, or exits 1
 
-The per-call budget is computed from the tree's real size at split time (64 MiB less the tree, less a margin).
+The per-call budget is computed from the tree's size at split time (64 MiB less the tree, less a margin), every
+file counted as its 4 KiB disk blocks, as the device tool counts (`on_disk`).
 The tree grows after that (each lease commits rows), so before a lease `fits` checks every call folder against
 today's tree and exits 1 naming the first that no longer fits (then split again):
 
@@ -33,6 +34,9 @@ from pathlib import Path
 CALL_LIMIT = 64 * 2**20  # what one call carries, the tree included
 MARGIN = 2 * 2**20  # for files written between split and the call (logs, a lock)
 MANIFEST = "manifest.json"
+# Lease 8's parts were refused with 356,072 bytes to spare by the files' bytes and lease 7's travelled with 1.37 MB:
+# by 4 KiB blocks the tree of 503 files is 1.13 MB larger, which explains both.
+BLOCK = 4096
 LANDING = Path("/tmp/carry")
 
 
@@ -48,18 +52,23 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def on_disk(path: Path) -> int:
+    """A file's size as the device tool counts it: whole 4 KiB blocks."""
+    return -(-path.stat().st_size // BLOCK) * BLOCK
+
+
 def tree_bytes(repo: Path) -> int:
-    """Bytes of what a call sends besides `carry`: tracked and untracked-not-ignored files, and shared/."""
+    """Bytes of what a call sends besides `carry` (`on_disk`): tracked and untracked-not-ignored files, and shared/."""
     names = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         cwd=repo,
         capture_output=True,
         check=True,
     ).stdout.split(b"\0")
-    total = sum((repo / n.decode()).stat().st_size for n in names if n and (repo / n.decode()).is_file())
+    total = sum(on_disk(repo / n.decode()) for n in names if n and (repo / n.decode()).is_file())
     shared = repo / "shared"
     if shared.is_dir():
-        total += sum(p.stat().st_size for p in shared.rglob("*") if p.is_file())
+        total += sum(on_disk(p) for p in shared.rglob("*") if p.is_file())
     return total
 
 
@@ -116,12 +125,10 @@ def fits(name: str, repo: Path, beside: tuple[Path, ...] = ()) -> int:
     folders = sorted((repo / ".carry" / name).glob("call[0-9][0-9]"))
     if not folders:
         raise CarryError(f"{repo / '.carry' / name}: no call folders (split first)")
-    extra = sum(
-        f.stat().st_size for p in beside for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()
-    )
+    extra = sum(on_disk(f) for p in beside for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file())
     tree, room = tree_bytes(repo), []
     for folder in folders:
-        size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+        size = sum(on_disk(p) for p in folder.iterdir() if p.is_file())
         if (left := CALL_LIMIT - tree - extra - size) < 0:
             with_ = f" and {extra} of {', '.join(map(str, beside))}" if beside else ""
             raise CarryError(f"{folder}: {size} bytes beside the tree's {tree}{with_} are {-left} over a call's "

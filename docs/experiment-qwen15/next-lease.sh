@@ -60,11 +60,19 @@
 # .carry/ is not in a new checkout); S2-s8 did not fit (378 s left against the slowest run's 446). Lease 7 (2026-12-06,
 # an H100, launch7/) ran S2-s8, S0-s9, S2-s9 and S0-s10 (`start 27 8,9,10,11 1630 …`, every call nvidia-h100-x1; no
 # caches: carried beside part 27 they made the call over 64 MiB, so `begin` carries them now); S2-s10 did not fit (52 s
-# left). The next lease: **S2-s10 waits**, so run's kind is nvidia-h100-x1 for every call and no run code changes
-# before it (below): `start N 10,11,12,13 BUDGET docs/experiment-qwen15/launch1` (S2-s10 goes first; `--committed-in`
-# drops S0-s10), `begin` carrying [".carry/whl/call01", ".carry/caches"] (lease 7's, NVIDIA_H100_80GB_HBM3.tar.gz, where
-# this checkout still has it); run `fits` first: lease 7's rows left part 27 0.36 MB to spare, so the next lease's
-# commits will likely need `prepare` again (N: the q15 calls it prints); its rows unpack into launch8.
+# left). Lease 8 (2026-12-06, an H100, launch8/, after four refused starts) ran S2-s10 and S0-s11 (`start 27 10,11,12,13
+# 1180 …`, lease 7's caches carried by `begin`: the leader's first step 13.1 s); S2-s11 did not fit (337 s left against
+# 356). Its parts were refused at first though `fits` found 0.36 MB to spare: the device tool counts each file by its
+# 4 KiB blocks (`fits` does now), so `prepare` again after the last commit. The next lease: **S2-s11 waits**, so run's
+# kind is nvidia-h100-x1 for every call and no run code changes before it: `start N 11,12,13,14 BUDGET
+# docs/experiment-qwen15/launch1` (S2-s11 goes first; `--committed-in` drops S0-s11), `begin` carrying
+# [".carry/whl/call01", ".carry/caches"]; its rows unpack into launch9. Keep embedded/base/model.safetensors.xz in the
+# tree: the launcher's base and train stages unpack the shipped files for every plan (lease 8's first start refused
+# its absence). A start call that fails after its join may be called again without carrying part N: it reuses the
+# joined files in /tmp/c15 while the machine is warm.
+# Where only an H200 is lent (lease 8's session was refused both kinds for 20 minutes), an H200 lease may still add
+# pairs: `start N 12,13,14 BUDGET` with no STEP0 (seeds from 12: S2-s11's partner ran on an H100, so an H200 does not
+# run it; the leader evaluates its own step 0, the check against throughput3 below, and its first row sizes the GPU).
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
 # left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
 # `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting
@@ -121,7 +129,9 @@ begin)
 receive)  # receive K
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) ;;
 start)  # start LAST SEEDS BUDGET [STEP0]
-  python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
+  if [ -d .carry/q15/call$(printf %02d $2) ]; then  # else a start again on a warm machine: join consumed the parts (lease 8)
+    python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
+  else ls /tmp/c15/qwen2.5-coder-1.5b.gguf || { echo "part $2 not carried and nothing joined in /tmp/c15"; exit 1; }; fi
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
   echo "joined at +$SECONDS s"  # the call's parts, timed (lease 4's took 53 s to the launcher, lease 3's ~25)
   step0 "${5:-}"; echo "step-0 rows at +$SECONDS s"

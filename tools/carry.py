@@ -53,7 +53,7 @@ def sha256(path: Path) -> str:
 
 
 def on_disk(path: Path) -> int:
-    """A file's size as the device tool counts it: whole 4 KiB blocks."""
+    """A file's size counted as whole 4 KiB blocks, the count that explains the device tool's refusals (BLOCK)."""
     return -(-path.stat().st_size // BLOCK) * BLOCK
 
 

@@ -62,7 +62,7 @@
 # caches: carried beside part 27 they made the call over 64 MiB, so `begin` carries them now); S2-s10 did not fit (52 s
 # left). Lease 8 (2026-12-06, an H100, launch8/, after four refused starts) ran S2-s10 and S0-s11 (`start 27 10,11,12,13
 # 1180 …`, lease 7's caches carried by `begin`: the leader's first step 13.1 s); S2-s11 did not fit (337 s left against
-# 356). Its parts were refused at first though `fits` found 0.36 MB to spare: the device tool counts each file by its
+# 356). Its parts were refused at first though `fits` found 0.36 MB to spare: the device tool counts as if by each file's
 # 4 KiB blocks (`fits` does now), and `prepare` split the base again at 361e5c9: N = 30 (2.1 MB to spare in the fullest
 # call). The next lease: **S2-s11 waits**, so run's
 # kind is nvidia-h100-x1 for every call and no run code changes before it: `start N 11,12,13,14 BUDGET

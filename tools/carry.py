@@ -12,7 +12,7 @@ a wheel set) travels in back-to-back calls, each carrying one folder `.carry/<na
     python3 tools/carry.py join qwen05 --out /tmp/qwen05            # joins, checks every sha256, or exits 1
 
 The per-call budget is computed from the tree's size at split time (64 MiB less the tree, less a margin), every
-file counted as its 4 KiB disk blocks, as the device tool counts (`on_disk`).
+file counted as its 4 KiB disk blocks, the count that explains the device tool's refusals (`on_disk`).
 The tree grows after that (each lease commits rows), so before a lease `fits` checks every call folder against
 today's tree and exits 1 naming the first that no longer fits (then split again):
 

@@ -21,6 +21,7 @@ from pathlib import Path
 # two-thread training pass (cpu_threads: 2) stalled it ~4x (bench/cpu_profile.py --threads). Read at torch load.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import torch
 import yaml
 from trl import ModelConfig, TrlParser
 from trl.generation.vllm_generation import VLLMGeneration
@@ -137,7 +138,8 @@ def parse(argv: list[str] | None) -> tuple[CapGRPOConfig, ModelConfig]:
         raise CommandLineError(f"unknown argument(s): {str(e).split(': ', 1)[-1]}") from None
 
 
-def train(argv: list[str] | None) -> None:
+def train(argv: list[str] | None):
+    """Run to the end; returns the process group a multi-process run ended (None alone), for `main` to free."""
     args, model_args = parse(argv)
     refuse_absurd_numbers(model_args)  # CapGRPOConfig's own fields are checked as it is built
     lock = RunLock(args.output_dir) if args.process_index == 0 else contextlib.nullcontext()
@@ -156,7 +158,9 @@ def train(argv: list[str] | None) -> None:
         raise
     trainer.accelerator.wait_for_everyone()  # processes leave together: an early exit can abort the others'
     close_vllm(trainer)
+    group = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None  # see main
     trainer.accelerator.end_training()  # gloo/NCCL teardown (destroys the process group)
+    return group
 
 
 def close_vllm(trainer) -> None:
@@ -181,11 +185,14 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = _pop_debug(argv) or os.environ.get("CAPGRPO_DEBUG", "") not in ("", "0")
     try:
-        train(argv)
+        group = train(argv)
         # The trainer ends in reference cycles that keep the DDP wrapper, and with it gloo's process group and
         # worker threads, alive until the interpreter's finalization, where a worker taking the GIL aborted the
-        # exiting process now and then ("terminate called without an active exception"; docs/gpu.md): free them now.
+        # exiting process now and then ("terminate called without an active exception"): collect them now. Held
+        # here, the group outlives the collection: freed by DDP's reducer, which keeps the GIL, gloo's teardown
+        # waited on a worker that waited for the GIL (a hang); its own binding lets go of the GIL (docs/gpu.md).
         gc.collect()
+        del group
     except Interrupted as e:
         print(e, file=sys.stderr)
         sys.exit(130)

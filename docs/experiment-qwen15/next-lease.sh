@@ -65,7 +65,11 @@
 # 356). Its parts were refused at first though `fits` found 0.36 MB to spare: the device tool counts as if by each file's
 # 4 KiB blocks (`fits` does now), and `prepare` split the base again at 361e5c9: N = 30 (2.1 MB to spare in the fullest
 # call). The next lease: **S2-s11 waits**, so run's
-# kind is nvidia-h100-x1 for every call and no run code changes before it: `start N 11,12,13,14 BUDGET
+# kind is nvidia-h100-x1 for every call, at S0-s11's run code: trainer/train.py changed on main after cf9d495 (the
+# exit hang of multi-process runs, docs/gpu.md; one-process runs never reach it), so the lease runs from cf9d495
+# (run code as at a756faa): `git checkout --detach cf9d495` here first (its tree is the one `prepare` split for, and
+# its copy of this file the one to run), every call with CAPGRPO_COMMIT=cf9d495bc599568cd2f0ad3c4c20e5b79e3274b7,
+# then `git checkout main` to commit the rows. `start N 11,12,13,14 BUDGET
 # docs/experiment-qwen15/launch1` (S2-s11 goes first; `--committed-in` drops S0-s11), `begin` carrying
 # [".carry/whl/call01", ".carry/caches"]; its rows unpack into launch9. Keep embedded/base/model.safetensors.xz in the
 # tree: the launcher's base and train stages unpack the shipped files for every plan (lease 8's first start refused

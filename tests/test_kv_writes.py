@@ -178,4 +178,6 @@ def test_the_generation_bench_applies_the_switches_before_it_measures(determinis
     os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)  # set by apply_determinism; absent before
     assert seen and set(seen) == {(True, True)}
     assert result["args"]["deterministic"] and result["args"]["deterministic_kv_writes"]
-    assert result["compiled"]["step_ms"] > 0 and (tmp_path / "generation.json").exists()
+    # both lengths timed, figures written (the times are the bench's output, not asserted: on a busy CPU the
+    # 2-token difference can come out negative; bench/generation.py says so)
+    assert set(result["compiled"]["seconds"]) == {2, 4} and (tmp_path / "generation.json").exists()

@@ -72,6 +72,9 @@ Q15_LEASES = [
     # S2-s10 (its partner ran in lease 7) and S0-s11, lease 7's compile caches carried; nine calls of parts refused
     # unsent and a start call again (the launcher refused the embedded base's archive, moved out to fit the parts)
     ("launch8", 991, 60, 2, 42, 16.52, 1, 1, 2.77),
+    # S2-s11 (its partner ran in lease 8), seed 12's pair and S0-s13, from cf9d495 (S0-s11's run code), lease 8's compile
+    # caches carried; nothing refused, nothing crashed
+    ("launch9", 1522, 120, 4, 34, 12.68, 1, 1, 2.37),
 ]
 
 

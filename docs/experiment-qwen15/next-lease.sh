@@ -64,20 +64,24 @@
 # 1180 …`, lease 7's caches carried by `begin`: the leader's first step 13.1 s); S2-s11 did not fit (337 s left against
 # 356). Its parts were refused at first though `fits` found 0.36 MB to spare: the device tool counts as if by each file's
 # 4 KiB blocks (`fits` does now), and `prepare` split the base again at 361e5c9: N = 30 (2.1 MB to spare in the fullest
-# call). The next lease: **S2-s11 waits**, so run's
-# kind is nvidia-h100-x1 for every call, at S0-s11's run code: trainer/train.py changed on main after cf9d495 (the
-# exit hang of multi-process runs, docs/gpu.md; one-process runs never reach it), so the lease runs from cf9d495
-# (run code as at a756faa): `git checkout --detach cf9d495` here first (its tree is the one `prepare` split for, and
-# its copy of this file the one to run), every call with CAPGRPO_COMMIT=cf9d495bc599568cd2f0ad3c4c20e5b79e3274b7,
-# then `git checkout main` to commit the rows. `start N 11,12,13,14 BUDGET
-# docs/experiment-qwen15/launch1` (S2-s11 goes first; `--committed-in` drops S0-s11), `begin` carrying
-# [".carry/whl/call01", ".carry/caches"]; its rows unpack into launch9. Keep embedded/base/model.safetensors.xz in the
+# call). Lease 9 (2026-12-06, an H100, launch9/) ran from a detached cf9d495 (S0-s11's run code; trainer/train.py
+# changed on main after it: the exit hang of multi-process runs, docs/gpu.md, which one-process runs never reach):
+# S2-s11, S0-s12, S2-s12 and S0-s13 (`start 30 11,12,13,14 1610 …`, lease 8's caches carried: the leader's first step
+# 13.4 s); S2-s13 did not fit (185 s left against 326). Its rows were committed on the branch runs-a756faa (from
+# cf9d495) and merged into main. The next lease: **S2-s13 waits**, so run's kind is nvidia-h100-x1 for every call, at
+# S0-s13's run code, from the branch's tip, whose tree holds launch9 (the launcher's `--committed-in` reads the carried
+# tree, so from cf9d495 it would run S0-s13 again): `git checkout runs-a756faa` here first (its copy of this file the
+# one to run; `fits`, and `prepare` if a call no longer fits beside its tree), every call with
+# CAPGRPO_COMMIT=$(git rev-parse HEAD), `start N 13,14,15,100 BUDGET docs/experiment-qwen15/launch1` (S2-s13 goes
+# first; seed 100 replaces seed 2, after 15), `begin` carrying [".carry/whl/call01", ".carry/caches"]; its rows unpack
+# into launch10, committed on runs-a756faa and merged into main again. Keep embedded/base/model.safetensors.xz in the
 # tree: the launcher's base and train stages unpack the shipped files for every plan (lease 8's first start refused
 # its absence). A start call that fails after its join may be called again without carrying part N: it reuses the
-# joined files in /tmp/c15 while the machine is warm.
-# Where only an H200 is lent (lease 8's session was refused both kinds for 20 minutes), an H200 lease may still add
-# pairs: `start N 12,13,14 BUDGET` with no STEP0 (seeds from 12: S2-s11's partner ran on an H100, so an H200 does not
-# run it; the leader evaluates its own step 0, the check against throughput3 below, and its first row sizes the GPU).
+# joined files in /tmp/c15 while the machine is warm. Once no partner waits at that run code, a lease may run from
+# main (a pair's two arms at the same run code: tests/test_qwen15_experiment.py).
+# Where only an H200 is lent, an H200 lease may still add pairs: `start N 14,15,100 BUDGET` with no STEP0 (S2-s13's
+# partner ran on an H100, so an H200 does not run it; the leader evaluates its own step 0, the check against
+# throughput3 below, and its first row sizes the GPU).
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
 # left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
 # `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting

@@ -70,8 +70,10 @@
 # 13.4 s); S2-s13 did not fit (185 s left against 326). Its rows were committed on the branch runs-a756faa (from
 # cf9d495) and merged into main. The next lease: **S2-s13 waits**, so run's kind is nvidia-h100-x1 for every call, at
 # S0-s13's run code, from the branch's tip, whose tree holds launch9 (the launcher's `--committed-in` reads the carried
-# tree, so from cf9d495 it would run S0-s13 again): `git checkout runs-a756faa` here first (its copy of this file the
-# one to run; `fits`, and `prepare` if a call no longer fits beside its tree), every call with
+# tree, so from cf9d495 it would run S0-s13 again): `git checkout -B runs-a756faa 2bd00db` here first (the branch's
+# tip, main's d2160e6^2, so a clone that lacks the branch gets it too; its copy of this file the one to run; `fits`,
+# 1.14 MB to spare at 2bd00db with the parts split for cf9d495, and `prepare` there on a fresh checkout or if a call
+# no longer fits), every call with
 # CAPGRPO_COMMIT=$(git rev-parse HEAD), `start N 13,14,15,100 BUDGET docs/experiment-qwen15/launch1` (S2-s13 goes
 # first; seed 100 replaces seed 2, after 15), `begin` carrying [".carry/whl/call01", ".carry/caches"]; its rows unpack
 # into launch10, committed on runs-a756faa and merged into main again. Keep embedded/base/model.safetensors.xz in the

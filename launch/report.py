@@ -26,6 +26,7 @@ Section kinds (each a function below, `launch` a folder under the plan's `result
 
 import json
 import math
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -536,9 +537,14 @@ def launch_where(where: Path, launch: str) -> Path | list[Path]:
     return launch_folders(where, launch) if any(c in launch for c in "*?[") else where / launch
 
 
+def _numbered(folder: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", folder.name)]
+
+
 def launch_folders(where: Path, pattern: str) -> list[Path]:
-    """The launch folders under `where` that `pattern` ("launch*") matches, in name order; none is refused."""
-    folders = sorted(p for p in where.glob(pattern) if p.is_dir())
+    """The launch folders under `where` that `pattern` ("launch*") matches, in lease order (numbers by value:
+    launch10 after launch9, not after launch1); none is refused."""
+    folders = sorted((p for p in where.glob(pattern) if p.is_dir()), key=_numbered)
     if not folders:
         raise LaunchError(f"{where}: no launch folder matches {pattern!r}")
     return folders
@@ -546,7 +552,7 @@ def launch_folders(where: Path, pattern: str) -> list[Path]:
 
 def lease(lx: Launch, launches: list[str] | str) -> str:
     """The lease figures of these launch folders (under the plan's results; a pattern such as "launch*": every
-    matching folder, in name order) side by side (launch/lease.py)."""
+    matching folder, in lease order) side by side (launch/lease.py)."""
     folders = (
         launch_folders(lx.where, launches) if isinstance(launches, str) else [lx.where / n for n in launches]
     )

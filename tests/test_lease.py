@@ -75,6 +75,9 @@ Q15_LEASES = [
     # S2-s11 (its partner ran in lease 8), seed 12's pair and S0-s13, from cf9d495 (S0-s11's run code), lease 8's compile
     # caches carried; nothing refused, nothing crashed
     ("launch9", 1522, 120, 4, 34, 12.68, 1, 1, 2.37),
+    # S2-s13 (its partner ran in lease 9), seed 14's pair and S0-s15, from 2bd00db (S0-s13's run code), lease 9's
+    # compile caches carried; nothing refused, nothing crashed
+    ("launch10", 1693, 120, 4, 34, 14.11, 1, 1, 2.58),
 ]
 
 

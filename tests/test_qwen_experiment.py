@@ -9,7 +9,7 @@ import pytest
 
 from launch.base import at_cap, cell_tasks, choose
 from launch.plan import LaunchError, load
-from launch.report import report
+from launch.report import launch_folders, report
 from rundir.archive import folders, read_bytes
 from rundir.files import read_jsonl
 
@@ -138,6 +138,14 @@ def test_pairs_on_several_gpu_models_get_a_sensitivity_line_each_and_the_status_
     assert "| evaluated at steps | GPU |" in status and status.count("| NVIDIA H100 80GB HBM3 |") == 2
 
 
+def test_pooled_launch_folders_come_in_lease_order_launch10_after_launch9(tmp_path):
+    for name in ("launch1", "launch10", "launch2", "launch9"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "launch1.txt").write_text("")  # a file, not a launch folder
+    names = [f.name for f in launch_folders(tmp_path, "launch*")]
+    assert names == ["launch1", "launch2", "launch9", "launch10"]
+
+
 def test_a_pooled_report_over_several_launch_folders_reads_as_one_and_refuses_a_run_in_two(tmp_path):
     """Issue 62's pairs come from several leases, one launch folder each (docs/experiment-qwen15/PLAN.md): a section
     whose `launch` is a pattern pools the matching folders. Launch 1 of the 0.5B split by seed into two folders gives
@@ -160,7 +168,7 @@ def test_a_pooled_report_over_several_launch_folders_reads_as_one_and_refuses_a_
         LaunchError, match="qwen05-S0-s0: in .*launch1 and .*launch2; a run belongs to one launch"
     ):
         section(PLAN, pooled, {"kind": "primary", "launch": "launch*"})
-    lease = section(PLAN, DOCS, {"kind": "lease", "launches": "launch*"})  # every lease's row, in name order
+    lease = section(PLAN, DOCS, {"kind": "lease", "launches": "launch*"})  # every lease's row, in lease order
     assert lease == section(PLAN, DOCS, {"kind": "lease", "launches": ["launch1", "launch2"]})
     with pytest.raises(LaunchError, match="no launch folder matches 'lease\\*'"):
         section(PLAN, pooled, {"kind": "primary", "launch": "lease*"})

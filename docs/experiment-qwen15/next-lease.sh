@@ -68,20 +68,22 @@
 # changed on main after it: the exit hang of multi-process runs, docs/gpu.md, which one-process runs never reach):
 # S2-s11, S0-s12, S2-s12 and S0-s13 (`start 30 11,12,13,14 1610 …`, lease 8's caches carried: the leader's first step
 # 13.4 s); S2-s13 did not fit (185 s left against 326). Its rows were committed on the branch runs-a756faa (from
-# cf9d495) and merged into main. The next lease: **S2-s13 waits**, so run's kind is nvidia-h100-x1 for every call, at
-# S0-s13's run code, from the branch's tip, whose tree holds launch9 (the launcher's `--committed-in` reads the carried
-# tree, so from cf9d495 it would run S0-s13 again): `git checkout -B runs-a756faa 2bd00db` here first (the branch's
-# tip, main's d2160e6^2, so a clone that lacks the branch gets it too; its copy of this file the one to run; `fits`,
-# 1.14 MB to spare at 2bd00db with the parts split for cf9d495, and `prepare` there on a fresh checkout or if a call
-# no longer fits), every call with
-# CAPGRPO_COMMIT=$(git rev-parse HEAD), `start N 13,14,15,100 BUDGET docs/experiment-qwen15/launch1` (S2-s13 goes
-# first; seed 100 replaces seed 2, after 15), `begin` carrying [".carry/whl/call01", ".carry/caches"]; its rows unpack
-# into launch10, committed on runs-a756faa and merged into main again. Keep embedded/base/model.safetensors.xz in the
+# cf9d495) and merged into main. Lease 10 (2026-12-06, an H100, launch10/) ran from that branch's tip 2bd00db: S2-s13,
+# S0-s14, S2-s14 and S0-s15 (`start 30 13,14,15,100 1550 …`, lease 9's caches carried: the leader's first step 14.5 s);
+# S2-s15 did not fit (23 s left against 351); its rows were committed on runs-a756faa (759f63e) and merged into main.
+# The next lease: **S2-s15 waits**, so run's kind is nvidia-h100-x1 for every call, at S0-s15's run code, from the
+# branch's tip, whose tree holds launch10 (the launcher's `--committed-in` reads the carried tree, so from 2bd00db it
+# would run S0-s15 again): `git checkout -B runs-a756faa 759f63e` here first (the branch's tip, main's merge's second
+# parent, so a clone that lacks the branch gets it too; its copy of this file the one to run; `fits`, 0.16 MB to spare
+# at 759f63e with the parts split for cf9d495, and `prepare` there on a fresh checkout or if a call no longer fits),
+# every call with CAPGRPO_COMMIT=$(git rev-parse HEAD), `start N 15,100 BUDGET docs/experiment-qwen15/launch1` (S2-s15
+# goes first; seed 100 replaces seed 2 and is the last pair), `begin` carrying [".carry/whl/call01", ".carry/caches"];
+# its rows unpack into launch11, committed on runs-a756faa and merged into main again. Keep embedded/base/model.safetensors.xz in the
 # tree: the launcher's base and train stages unpack the shipped files for every plan (lease 8's first start refused
 # its absence). A start call that fails after its join may be called again without carrying part N: it reuses the
 # joined files in /tmp/c15 while the machine is warm. Once no partner waits at that run code, a lease may run from
 # main (a pair's two arms at the same run code: tests/test_qwen15_experiment.py).
-# Where only an H200 is lent, an H200 lease may still add pairs: `start N 14,15,100 BUDGET` with no STEP0 (S2-s13's
+# Where only an H200 is lent, an H200 lease may still add seed 100's pair: `start N 100 BUDGET` with no STEP0 (S2-s15's
 # partner ran on an H100, so an H200 does not run it; the leader evaluates its own step 0, the check against
 # throughput3 below, and its first row sizes the GPU).
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time

@@ -72,6 +72,19 @@ def visible_gpus() -> list[str]:
     return smi.stdout.split() if smi.returncode == 0 else []
 
 
+def gpu_model(device: str | None) -> str | None:
+    """The model of GPU `device` (nvidia-smi's index; None: the first), as each run.json's launch.device names it
+    (both are the driver's name, e.g. "NVIDIA H100 80GB HBM3"); None without one. nvidia-smi, not torch: the
+    launcher holds no CUDA context on the runs' GPU."""
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", device or "0"],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    name = smi.stdout.strip() if smi.returncode == 0 else ""
+    return name or None
+
+
 def gpu_devices(n: int | None, smoke: bool) -> list[str | None]:
     """Each GPU's CUDA_VISIBLE_DEVICES for its runs: `n` of the visible GPUs (default all of them, one without
     any); [None] for one GPU, whose runs get the environment as it is, and for none (`budget.gpus: 0`, the CPU)."""

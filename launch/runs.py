@@ -14,6 +14,7 @@ state), then SIGKILL. Each run's
 settings come from launch/settings.py; what comes back is packed by launch/pack.py.
 """
 
+import json
 import os
 import re
 import shutil
@@ -22,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from launch.gpus import Gpu, assign, disk_fit, gpu_devices, peak_memory, start_mps, stop_mps
+from launch.gpus import Gpu, assign, disk_fit, gpu_devices, gpu_model, peak_memory, start_mps, stop_mps
 from launch.pack import CACHES, pack, unpack_caches
 from launch.plan import ROOT, LaunchError, Plan
 from launch.settings import argv, base_settings, first_evaluated_step, max_steps, run_settings
@@ -71,10 +72,31 @@ def size_by_step0(gpu: Gpu, step0_rows: Path, own_evaluation_row: int) -> None:
 
 def cannot_finish(started: bool, took: list[float], left: float) -> bool:
     """Whether a run would begin now (not `started`, in this launch or an earlier one) with fewer seconds `left`
-    than the slowest run this launch finished `took`. A run the budget cuts leaves its pair out, rerun under a new
-    seed (issue 62's rule 4), so it is not started: it goes first in the next lease, and its pair spans the two
-    (amendment 4; lease 5 ended with 609 s, one run's time, left unused under the rule of a whole pair)."""
+    than the slowest run this launch finished `took` (before it finished one, earlier leases' runs on its GPU model).
+    A run the budget cuts leaves its pair out, rerun under a new seed (issue 62's rule 4), so it is not started: it
+    goes first in the next lease, and its pair spans the two (amendment 4; lease 5 ended with 609 s, one run's time,
+    left unused under the rule of a whole pair)."""
     return not started and bool(took) and max(took) > left
+
+
+def committed_took(where: Path, model: str | None) -> list[float]:
+    """Start-to-exit seconds of the runs earlier leases committed under `where` on the GPU model `model` (each
+    run.json's launch.device), from each launch's timeline.jsonl (a run started again after a crash: the attempt
+    that finished). Until a launch finishes a run of its own, `cannot_finish` takes these: a lease's first run cut
+    by the budget would leave its pair out as surely as a later one (issue 62's rule 4)."""
+    took = []
+    for folder in sorted(p for p in where.glob("launch*") if p.is_dir()):
+        if model is None or not archive.exists(folder / "timeline.jsonl"):
+            continue
+        began: dict[str, float] = {}
+        for e in read_jsonl(folder / "timeline.jsonl", torn_tail="drop"):
+            if e.get("event") == "start":
+                began[e["run"]] = e["t"]
+            elif e.get("event") == "exit" and e.get("code") == 0 and e["run"] in began:
+                ran = folder / e["run"] / "run.json"
+                if archive.exists(ran) and json.loads(archive.read_bytes(ran))["launch"]["device"] == model:
+                    took.append(e["t"] - began[e["run"]])
+    return took
 
 
 def committed_runs(names: list[str], where: Path) -> list[str]:
@@ -157,6 +179,12 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         for name in done:
             print(f"{name}: committed in an earlier lease under {committed_in}; not run again", flush=True)
         order = [x for x in order if x[0] not in done]
+    earlier = committed_took(Path(committed_in), gpu_model(devices[0])) if committed_in is not None else []
+    if earlier:
+        print(
+            f"earlier leases' runs on this GPU model: {len(earlier)}, the slowest {max(earlier):.0f} s",
+            flush=True,
+        )
     for name, _, _ in order:  # refused before anything starts: a run folder is resumed, or new and empty
         run = run_dir(work, name)
         if run.is_dir() and any(run.iterdir()) and not (run / "run.json").is_file():
@@ -206,10 +234,24 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         gpu.note(f"started {run.name}" + (f" (CUDA_VISIBLE_DEVICES={gpu.device})" if gpu.device else ""))
         timeline.event("start", run=run.name, gpu=gpu.index)
 
+    def cut(gpu: Gpu) -> bool:
+        """Whether the GPU's next run is one the budget would cut: then it is left for the next lease, named."""
+        run, _, seed = gpu.queue[0]
+        left = deadline - time.perf_counter()
+        if not cannot_finish((run / "run.json").is_file(), list(took.values()) or earlier, left):
+            return False
+        gpu.queue.pop(0)
+        slowest = f"the slowest finished run took {max(took.values()):.0f} s" if took else (
+            f"the slowest run an earlier lease committed on this GPU model took {max(earlier):.0f} s")  # fmt: skip
+        gpu.note(f"{run.name} not started: {slowest}, {left:.0f} s are left")
+        timeline.event("skip", run=run.name, seed=seed, left_s=round(left))
+        return True
+
     for gpu in slots:
         names = ", ".join(r.name for r, _, _ in gpu.queue)
         gpu.note(f"{len(gpu.queue)} runs to go, up to {parallel} at a time: {names or 'none'}")
-        if not cpu and len(gpu.queue) > 1 and not any((r / "run.json").is_file() for r, _, _ in gpu.queue):
+        fresh = not any((r / "run.json").is_file() for r, _, _ in gpu.queue)
+        if not cpu and len(gpu.queue) > 1 and fresh and not cut(gpu):
             start(gpu)  # fresh: the first run alone until its first step row (generation compiled)
             gpu.alone = True
             if step0_from:
@@ -233,14 +275,8 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
             break
         while running < disk and (room := [g for g in slots if g.has_room()]):
             gpu = min(room, key=lambda g: len(g.running))  # the least busy GPU first: the disk's cap evenly
-            left = deadline - time.perf_counter()
-            run, _, seed = gpu.queue[0]
             # a run.json in $W: an earlier launcher of this lease began it, so it is resumed whatever is left
-            if cannot_finish((run / "run.json").is_file(), list(took.values()), left):
-                gpu.queue.pop(0)
-                gpu.note(f"{run.name} not started: the slowest finished run took {max(took.values()):.0f} s, "
-                         f"{left:.0f} s are left")  # fmt: skip
-                timeline.event("skip", run=run.name, seed=seed, left_s=round(left))
+            if cut(gpu):
                 continue
             start(gpu)
             running += 1

@@ -73,9 +73,9 @@
 # S2-s15 did not fit (23 s left against 351); its rows were committed on runs-a756faa (759f63e) and merged into main.
 # The next lease: **S2-s15 waits**, so run's kind is nvidia-h100-x1 for every call, at S0-s15's run code, from the
 # branch's tip, whose tree holds launch10 (the launcher's `--committed-in` reads the carried tree, so from 2bd00db it
-# would run S0-s15 again): `git checkout -B runs-a756faa 759f63e` here first (the branch's tip, main's merge's second
+# would run S0-s15 again): `git checkout -B runs-a756faa b072551` here first (the branch's tip, main's merge's second
 # parent, so a clone that lacks the branch gets it too; its copy of this file the one to run; `fits`, 0.16 MB to spare
-# at 759f63e with the parts split for cf9d495, and `prepare` there on a fresh checkout or if a call no longer fits),
+# at b072551 with the parts split for cf9d495, and `prepare` there on a fresh checkout or if a call no longer fits),
 # every call with CAPGRPO_COMMIT=$(git rev-parse HEAD), `start N 15,100 BUDGET docs/experiment-qwen15/launch1` (S2-s15
 # goes first; seed 100 replaces seed 2 and is the last pair), `begin` carrying [".carry/whl/call01", ".carry/caches"];
 # its rows unpack into launch11, committed on runs-a756faa and merged into main again. Keep embedded/base/model.safetensors.xz in the
@@ -83,6 +83,12 @@
 # its absence). A start call that fails after its join may be called again without carrying part N: it reuses the
 # joined files in /tmp/c15 while the machine is warm. Once no partner waits at that run code, a lease may run from
 # main (a pair's two arms at the same run code: tests/test_qwen15_experiment.py).
+# The twenty-eighth session got no machine (eleven refused starts and six calls refused untried, 1,261 s of its 1,800:
+# an nvidia-h100-x1 refusal cost 90 s, an nvidia-h200 one 180, an untried call 15; PLAN.md). Since b072551 the
+# launcher does not start even a lease's first run with less time left than the slowest run an earlier lease
+# committed on that GPU model (596 s on the H100: launch1's leader, which evaluated step 0 itself), so with S2-s15
+# first, pass a BUDGET of at least ~800 s (its 120 s of grace and ~50 s of conversion come off first); under
+# that the launcher names S2-s15 "not started" and the pair waits rather than being cut.
 # Where only an H200 is lent, an H200 lease may still add seed 100's pair: `start N 100 BUDGET` with no STEP0 (S2-s15's
 # partner ran on an H100, so an H200 does not run it; the leader evaluates its own step 0, the check against
 # throughput3 below, and its first row sizes the GPU).

@@ -84,9 +84,11 @@ def committed_took(where: Path, model: str | None) -> list[float]:
     run.json's launch.device), from each launch's timeline.jsonl (a run started again after a crash: the attempt
     that finished). Until a launch finishes a run of its own, `cannot_finish` takes these: a lease's first run cut
     by the budget would leave its pair out as surely as a later one (issue 62's rule 4)."""
+    if model is None:
+        return []
     took = []
     for folder in sorted(p for p in where.glob("launch*") if p.is_dir()):
-        if model is None or not archive.exists(folder / "timeline.jsonl"):
+        if not archive.exists(folder / "timeline.jsonl"):
             continue
         began: dict[str, float] = {}
         for e in read_jsonl(folder / "timeline.jsonl", torn_tail="drop"):

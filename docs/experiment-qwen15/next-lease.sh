@@ -86,7 +86,8 @@
 # The twenty-eighth session got no machine (eleven refused starts and six calls refused untried, 1,261 s of its 1,800:
 # an nvidia-h100-x1 refusal cost 90 s, an nvidia-h200 one 180, an untried call 15; PLAN.md). Since b072551 the
 # launcher does not start even a lease's first run with less time left than the slowest run an earlier lease
-# committed on that GPU model (596 s on the H100: launch1's leader, which evaluated step 0 itself), so with S2-s15
+# committed on that GPU model (596 s on the H100: launch1's leader, which evaluated step 0 itself; the launcher
+# prints it as "earlier leases' runs on this GPU model: 29, the slowest 596 s"), so with S2-s15
 # first, pass a BUDGET of at least ~800 s (its 120 s of grace and ~50 s of conversion come off first); under
 # that the launcher names S2-s15 "not started" and the pair waits rather than being cut.
 # Where only an H200 is lent, an H200 lease may still add seed 100's pair: `start N 100 BUDGET` with no STEP0 (S2-s15's

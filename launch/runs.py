@@ -79,11 +79,13 @@ def cannot_finish(started: bool, took: list[float], left: float) -> bool:
     return not started and bool(took) and max(took) > left
 
 
-def committed_took(where: Path, model: str | None) -> list[float]:
+def committed_took(where: Path, model: str | None, copied: bool) -> list[float]:
     """Start-to-exit seconds of the runs earlier leases committed under `where` on the GPU model `model` (each
     run.json's launch.device), from each launch's timeline.jsonl (a run started again after a crash: the attempt
     that finished). Until a launch finishes a run of its own, `cannot_finish` takes these: a lease's first run cut
-    by the budget would leave its pair out as surely as a later one (issue 62's rule 4)."""
+    by the budget would leave its pair out as surely as a later one (issue 62's rule 4). Only runs that `copied`
+    their step-0 rows as this launch's will (or evaluated step 0, as its leader will): lease 11's first launcher
+    measured runs that copy step 0 (295-391 s on an H100) against launch1's leader, which evaluated it (596 s)."""
     if model is None:
         return []
     took = []
@@ -96,7 +98,11 @@ def committed_took(where: Path, model: str | None) -> list[float]:
                 began[e["run"]] = e["t"]
             elif e.get("event") == "exit" and e.get("code") == 0 and e["run"] in began:
                 ran = folder / e["run"] / "run.json"
-                if archive.exists(ran) and json.loads(archive.read_bytes(ran))["launch"]["device"] == model:
+                if not archive.exists(ran):
+                    continue
+                meta = json.loads(archive.read_bytes(ran))
+                same_step0 = bool(meta["config"].get("step0_eval_from")) == copied
+                if meta["launch"]["device"] == model and same_step0:
                     took.append(e["t"] - began[e["run"]])
     return took
 
@@ -181,12 +187,15 @@ def train(plan: Plan, work: Path, out: Path, smoke: bool, budget_s: float | None
         for name in done:
             print(f"{name}: committed in an earlier lease under {committed_in}; not run again", flush=True)
         order = [x for x in order if x[0] not in done]
-    earlier = committed_took(Path(committed_in), gpu_model(devices[0])) if committed_in is not None else []
+    earlier = (
+        committed_took(Path(committed_in), gpu_model(devices[0]), bool(step0_from))
+        if committed_in is not None
+        else []
+    )
     if earlier:
-        print(
-            f"earlier leases' runs on this GPU model: {len(earlier)}, the slowest {max(earlier):.0f} s",
-            flush=True,
-        )
+        how = "copied" if step0_from else "evaluated"
+        print(f"earlier leases' runs on this GPU model that {how} step 0: {len(earlier)}, the slowest "
+              f"{max(earlier):.0f} s", flush=True)  # fmt: skip
     for name, _, _ in order:  # refused before anything starts: a run folder is resumed, or new and empty
         run = run_dir(work, name)
         if run.is_dir() and any(run.iterdir()) and not (run / "run.json").is_file():

@@ -312,12 +312,17 @@ def test_a_run_an_earlier_lease_committed_is_not_run_again(tmp_path, capsys):
     assert "smollm2-S0-s5: committed in an earlier lease" in printed and "1 of 1 runs at step 1" in printed
 
 
-def committed_lease(experiment: Path, name: str, runs: dict[str, tuple[str, float, int]]) -> None:
-    """A committed launch folder: each run's run.json with its GPU model, and the launcher's start and exit."""
+def committed_lease(experiment: Path, name: str, runs: dict[str, tuple[str, float, int, bool]]) -> None:
+    """A committed launch folder: each run's run.json with its GPU model and whether it copied its step-0 rows, and
+    the launcher's start and exit."""
     events = []
-    for run, (model, seconds, code) in runs.items():
+    for run, (model, seconds, code, copied) in runs.items():
         (experiment / name / run).mkdir(parents=True)
-        (experiment / name / run / "run.json").write_text(json.dumps({"launch": {"device": model}}))
+        meta = {
+            "launch": {"device": model},
+            "config": {"step0_eval_from": "launch1/eval_step000.jsonl" if copied else None},
+        }
+        (experiment / name / run / "run.json").write_text(json.dumps(meta))
         events += [{"t": 100.0, "event": "start", "run": run}, {"t": 100 + seconds, "event": "exit", "run": run,
                    "code": code}]  # fmt: skip
     (experiment / name / "timeline.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
@@ -329,17 +334,20 @@ def test_a_leases_first_run_the_budget_cannot_finish_by_earlier_leases_is_not_st
     """Before a launch has finished a run, the slowest run an earlier lease committed on its GPU model is what a run
     takes: a lease's first run started with less time than that would be cut and leave its pair out (issue 62's rule
     4; the twenty-eighth session's lease would have begun S2-s15 with ~450 s against runs of 295-596 s). Runs on
-    another GPU model and runs that failed are no estimate."""
+    another GPU model, runs that failed, and runs that did not do step 0 as this launch's first run will (copy the
+    rows or evaluate them; lease 11: 476 s against 596 s) are no estimate."""
     from launch import runs
 
     h100, h200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
     work, out, experiment = tmp_path / "w", tmp_path / "o", tmp_path / "exp"
-    committed_lease(
-        experiment, "launch6", {"smollm2-S0-s5": (h100, 5000.0, 0), "smollm2-S0-s6": (h100, 9000.0, 1)}
-    )
-    committed_lease(experiment, "launch7", {"smollm2-S0-s7": (h200, 7000.0, 0)})
-    assert runs.committed_took(experiment, h100) == [5000.0]
-    assert runs.committed_took(experiment, h200) == [7000.0] and runs.committed_took(experiment, None) == []
+    committed_lease(experiment, "launch6", {"smollm2-S0-s5": (h100, 5000.0, 0, False),
+                                            "smollm2-S0-s6": (h100, 9000.0, 1, False)})  # fmt: skip
+    committed_lease(experiment, "launch7", {"smollm2-S0-s7": (h200, 7000.0, 0, False),
+                                            "smollm2-S0-s8": (h100, 3000.0, 0, True)})  # fmt: skip
+    assert runs.committed_took(experiment, h100, copied=False) == [5000.0]
+    assert runs.committed_took(experiment, h100, copied=True) == [3000.0]
+    assert runs.committed_took(experiment, h200, copied=False) == [7000.0]
+    assert runs.committed_took(experiment, None, copied=False) == []
     assert launch_main([PLANS[0], "base", "--smoke", "--work", str(work), "--out", str(out)]) == 0
     train = smoke_train(work, out, "--seeds", "5", "--budget-s", "1000", "--committed-in", str(experiment))
     monkeypatch.setattr(runs, "gpu_model", lambda device: h100)
@@ -349,6 +357,12 @@ def test_a_leases_first_run_the_budget_cannot_finish_by_earlier_leases_is_not_st
         "smollm2-S2-s5 not started: the slowest run an earlier lease committed on this GPU model took 5000 s"
         in printed
     )
+    assert not (work / "runs/smollm2-S2-s5").exists()
+    # a launch that copies step 0: measured by the runs that copied it
+    step0 = tmp_path / "eval_step000.jsonl"
+    step0.write_text("")
+    assert launch_main([*train[:-4], "--step0-from", str(step0), *train[-4:]]) == 0
+    assert "this GPU model took 3000 s" in capsys.readouterr().out
     assert not (work / "runs/smollm2-S2-s5").exists()
     monkeypatch.setattr(runs, "gpu_model", lambda device: None)  # a GPU no committed run ran on: no estimate
     assert launch_main(train) == 0

@@ -78,6 +78,9 @@ Q15_LEASES = [
     # S2-s13 (its partner ran in lease 9), seed 14's pair and S0-s15, from 2bd00db (S0-s13's run code), lease 9's
     # compile caches carried; nothing refused, nothing crashed
     ("launch10", 1693, 120, 4, 34, 14.11, 1, 1, 2.58),
+    # S2-s15 alone (its partner ran in lease 10), from b072551 (S0-s15's run code), lease 10's compile caches carried;
+    # the first launcher started nothing (its first-run check, 574 s left against 596), a second by hand ran it
+    ("launch11", 779, 30, 1, 36, 25.97, 1, 1, 2.13),
 ]
 
 

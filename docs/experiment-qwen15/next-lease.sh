@@ -71,28 +71,29 @@
 # cf9d495) and merged into main. Lease 10 (2026-12-06, an H100, launch10/) ran from that branch's tip 2bd00db: S2-s13,
 # S0-s14, S2-s14 and S0-s15 (`start 30 13,14,15,100 1550 …`, lease 9's caches carried: the leader's first step 14.5 s);
 # S2-s15 did not fit (23 s left against 351); its rows were committed on runs-a756faa (759f63e) and merged into main.
-# The next lease: **S2-s15 waits**, so run's kind is nvidia-h100-x1 for every call, at S0-s15's run code, from the
-# branch's tip, whose tree holds launch10 (the launcher's `--committed-in` reads the carried tree, so from 2bd00db it
-# would run S0-s15 again): `git checkout -B runs-a756faa b072551` here first (the branch's tip, main's merge's second
-# parent, so a clone that lacks the branch gets it too; its copy of this file the one to run; `fits`, 0.16 MB to spare
-# at b072551 with the parts split for cf9d495, and `prepare` there on a fresh checkout or if a call no longer fits),
-# every call with CAPGRPO_COMMIT=$(git rev-parse HEAD), `start N 15,100 BUDGET docs/experiment-qwen15/launch1` (S2-s15
-# goes first; seed 100 replaces seed 2 and is the last pair), `begin` carrying [".carry/whl/call01", ".carry/caches"];
-# its rows unpack into launch11, committed on runs-a756faa and merged into main again. Keep embedded/base/model.safetensors.xz in the
-# tree: the launcher's base and train stages unpack the shipped files for every plan (lease 8's first start refused
-# its absence). A start call that fails after its join may be called again without carrying part N: it reuses the
-# joined files in /tmp/c15 while the machine is warm. Once no partner waits at that run code, a lease may run from
-# main (a pair's two arms at the same run code: tests/test_qwen15_experiment.py).
 # The twenty-eighth session got no machine (eleven refused starts and six calls refused untried, 1,261 s of its 1,800:
-# an nvidia-h100-x1 refusal cost 90 s, an nvidia-h200 one 180, an untried call 15; PLAN.md). Since b072551 the
-# launcher does not start even a lease's first run with less time left than the slowest run an earlier lease
-# committed on that GPU model (596 s on the H100: launch1's leader, which evaluated step 0 itself; the launcher
-# prints it as "earlier leases' runs on this GPU model: 29, the slowest 596 s"), so with S2-s15
-# first, pass a BUDGET of at least ~800 s (its 120 s of grace and ~50 s of conversion come off first); under
-# that the launcher names S2-s15 "not started" and the pair waits rather than being cut.
-# Where only an H200 is lent, an H200 lease may still add seed 100's pair: `start N 100 BUDGET` with no STEP0 (S2-s15's
-# partner ran on an H100, so an H200 does not run it; the leader evaluates its own step 0, the check against
-# throughput3 below, and its first row sizes the GPU).
+# an nvidia-h100-x1 refusal cost 90 s, an nvidia-h200 one 90-180, an untried call 15; PLAN.md). Lease 11 (2026-12-07,
+# an H100, launch11/, after twelve refused starts, 842 s) ran from the branch's tip b072551: S2-s15 alone, 337 s; its
+# first launcher (`start 30 15,100 760 …`) started nothing, 574 s left against the 596 s of launch1's leader, and a
+# launcher by hand with `--budget-s 750` ran it (PLAN.md). Its rows were committed on runs-a756faa (e9ccfea) and
+# merged into main. Since then a lease's first run is measured by the committed runs on its GPU model that did step 0
+# as it will ("earlier leases' runs on this GPU model that copied step 0: 29, the slowest 476 s"; 596 s for a leader
+# that evaluates it).
+# The next lease: **seed 100's pair, the last**; no partner waits, so it runs from main on any GPU model (both arms on
+# one model: an S2-s100 that does not fit waits for a lease of S0-s100's, amendment 4). On an H100 (kind nvidia-h100-x1): `start N 100 BUDGET
+# docs/experiment-qwen15/launch1`, one run at a time, S0-s100 starting only with 476 s left after the 120 s of grace
+# and the conversion, and S2-s100 only while S0-s100's time still fits: a BUDGET of ~1,000 s (the lease ~1,250 s of
+# budget with `begin`, the 31 parts and the start call). On an H200 (kind nvidia-h200): `start N 100 BUDGET` with no
+# STEP0: the leader evaluates its own step 0 (the free check against throughput3 below), no committed H200 run gives
+# an estimate, and two runs go at a time once its first row sizes the GPU: ~1,050 s of budget in all. `fits` first
+# (the parts were split again at main's tree on 2026-12-07: N = 32), every call with CAPGRPO_COMMIT=$(git rev-parse
+# HEAD) spelled out in full, `begin` carrying [".carry/whl/call01", ".carry/caches"]; the rows unpack into launch12.
+# Keep embedded/base/model.safetensors.xz in the tree: the launcher's base and train stages unpack the shipped files
+# for every plan (lease 8's first start refused its absence). A start call that fails after its join may be called
+# again without carrying part N only where part N's folder is not on the machine: a call's carried folders stay
+# there, so after a failed start run the launcher by hand (lease 11: `python3 -m launch $PLAN train --work /tmp/q15x
+# --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds … --budget-s … --step0-from … --caches … --committed-in
+# docs/experiment-qwen15 --detach`), which reuses the converted base in /tmp/q15x.
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
 # left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
 # `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting

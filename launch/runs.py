@@ -83,9 +83,9 @@ def committed_took(where: Path, model: str | None, copied: bool) -> list[float]:
     """Start-to-exit seconds of the runs earlier leases committed under `where` on the GPU model `model` (each
     run.json's launch.device), from each launch's timeline.jsonl (a run started again after a crash: the attempt
     that finished). Until a launch finishes a run of its own, `cannot_finish` takes these: a lease's first run cut
-    by the budget would leave its pair out as surely as a later one (issue 62's rule 4). Only runs that `copied`
-    their step-0 rows as this launch's will (or evaluated step 0, as its leader will): lease 11's first launcher
-    measured runs that copy step 0 (295-391 s on an H100) against launch1's leader, which evaluated it (596 s)."""
+    by the budget would leave its pair out as surely as a later one (issue 62's rule 4). Only runs that did step 0
+    as this launch's first run will, copied its rows (`copied`) or evaluated them: lease 11's first launcher measured
+    a run that copies step 0 (295-476 s on an H100) by launch1's leader, which evaluated it (596 s)."""
     if model is None:
         return []
     took = []

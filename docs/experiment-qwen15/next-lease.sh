@@ -89,11 +89,10 @@
 # (the parts were split again at main's tree on 2026-12-07: N = 32), every call with CAPGRPO_COMMIT=$(git rev-parse
 # HEAD) spelled out in full, `begin` carrying [".carry/whl/call01", ".carry/caches"]; the rows unpack into launch12.
 # Keep embedded/base/model.safetensors.xz in the tree: the launcher's base and train stages unpack the shipped files
-# for every plan (lease 8's first start refused its absence). A start call that fails after its join may be called
-# again without carrying part N only where part N's folder is not on the machine: a call's carried folders stay
-# there, so after a failed start run the launcher by hand (lease 11: `python3 -m launch $PLAN train --work /tmp/q15x
-# --gguf /tmp/c15/qwen2.5-coder-1.5b.gguf --seeds … --budget-s … --step0-from … --caches … --committed-in
-# docs/experiment-qwen15 --detach`), which reuses the converted base in /tmp/q15x.
+# for every plan (lease 8's first start refused its absence). A start call that fails after its join, or whose
+# launcher started nothing, may be called again on the warm machine (carrying nothing): it reuses the joined files in
+# /tmp/c15 and the launcher the converted base in /tmp/q15x (lease 11 ran the launcher by hand for this, its
+# `start` then joining again).
 # Since amendment 4 (PLAN.md) the launcher starts a run, not a pair, while the slowest run it finished fits the time
 # left, so a lease may end with a pair's S0 done and its S2 waiting: the next lease passes the same seeds (e.g.
 # `start 27 7,8,9,10 ...`; `--committed-in docs/experiment-qwen15` drops the runs already committed, so the waiting
@@ -150,9 +149,11 @@ begin)
 receive)  # receive K
   python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) ;;
 start)  # start LAST SEEDS BUDGET [STEP0]
-  if [ -d .carry/q15/call$(printf %02d $2) ]; then  # else a start again on a warm machine: join consumed the parts (lease 8)
+  # a start again on a warm machine reuses the join (written whole or not at all; its parts are gone, and part N's
+  # carried folder stays on the machine, so lease 11's second `start` joined again and failed)
+  if [ ! -f /tmp/c15/qwen2.5-coder-1.5b.gguf ]; then
     python3 tools/carry.py receive .carry/q15/call$(printf %02d $2) && python3 tools/carry.py join q15 --out /tmp/c15 > $OUT/join.log 2>&1 || { cat $OUT/join.log; exit 1; }
-  else ls /tmp/c15/qwen2.5-coder-1.5b.gguf || { echo "part $2 not carried and nothing joined in /tmp/c15"; exit 1; }; fi
+  fi
   mkdir -p artifacts/real && cp /tmp/c15/gsm_symbolic.tasks.json /tmp/c15/math500.jsonl artifacts/real/
   echo "joined at +$SECONDS s"  # the call's parts, timed (lease 4's took 53 s to the launcher, lease 3's ~25)
   step0 "${5:-}"; echo "step-0 rows at +$SECONDS s"

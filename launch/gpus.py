@@ -59,30 +59,28 @@ def disk_fit(parallel: int, work: Path, base: Path) -> int:
     return fit
 
 
+def smi(*args: str, timeout_s: float = 30) -> str | None:
+    """nvidia-smi's output for `args`, or None where it cannot say (no driver, an error, no answer in time)."""
+    try:
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 def visible_gpus() -> list[str]:
     """The GPUs the runs may use, as CUDA_VISIBLE_DEVICES names them: its own list where set, else nvidia-smi's
     indices; [] without GPUs."""
     if (listed := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         return [d.strip() for d in listed.split(",") if d.strip()]
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return smi.stdout.split() if smi.returncode == 0 else []
+    return (smi("--query-gpu=index", "--format=csv,noheader") or "").split()
 
 
 def gpu_model(device: str | None) -> str | None:
     """The model of GPU `device` (nvidia-smi's index; None: the first), as each run.json's launch.device names it
     (both are the driver's name, e.g. "NVIDIA H100 80GB HBM3"); None without one. nvidia-smi, not torch: the
     launcher holds no CUDA context on the runs' GPU."""
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", device or "0"],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    name = smi.stdout.strip() if smi.returncode == 0 else ""
-    return name or None
+    return (smi("--query-gpu=name", "--format=csv,noheader", "-i", device or "0") or "").strip() or None
 
 
 def gpu_devices(n: int | None, smoke: bool) -> list[str | None]:
@@ -108,12 +106,9 @@ def gpu_memory_mib(pid: int, gpu: str | None = None) -> tuple[float, float] | No
     """(this process's GPU memory, its GPU's total) in MiB from nvidia-smi, or None where it cannot say; `gpu`
     the GPU by nvidia-smi index or UUID (None: the first, the one-GPU launch)."""
     which = [] if gpu is None else [f"--id={gpu}"]
-    try:
-        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=30).stdout  # fmt: skip
-        total = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", *which, "--format=csv,noheader,nounits"],
-                               capture_output=True, text=True, timeout=30).stdout  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
+    apps = smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+    total = smi("--query-gpu=memory.total", *which, "--format=csv,noheader,nounits")
+    if apps is None or total is None:
         return None
     used = [
         float(m) for p, m in (line.split(",") for line in apps.splitlines() if "," in line) if int(p) == pid

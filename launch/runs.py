@@ -89,7 +89,7 @@ def committed_took(where: Path, model: str | None, copied: bool) -> list[float]:
     if model is None:
         return []
     took = []
-    for folder in sorted(p for p in where.glob("launch*") if p.is_dir()):
+    for folder in committed_launches(where):
         if not archive.exists(folder / "timeline.jsonl"):
             continue
         began: dict[str, float] = {}
@@ -107,10 +107,15 @@ def committed_took(where: Path, model: str | None, copied: bool) -> list[float]:
     return took
 
 
+def committed_launches(where: Path) -> list[Path]:
+    """The launch folders earlier leases committed under `where` (none for an experiment's first lease)."""
+    return sorted(p for p in where.glob("launch*") if p.is_dir())
+
+
 def committed_runs(names: list[str], where: Path) -> list[str]:
     """Those of `names` that an earlier lease committed under `where` (a run.json in a launch* folder, on disk or in
     rows.tar.xz): a run belongs to one launch, so they are not run again."""
-    folders = sorted(p for p in where.glob("launch*") if p.is_dir())
+    folders = committed_launches(where)
     return [n for n in names if any(archive.exists(f / n / "run.json") for f in folders)]
 
 

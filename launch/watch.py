@@ -7,6 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from launch.gpus import smi
 from launch.plan import ROOT, LaunchError
 
 
@@ -40,13 +41,14 @@ class Timeline:
                 self.event("step", run=run.name, rows=n, live=len(running))
         if self.gpu and time.time() - self.last_gpu >= self.every_s:
             self.last_gpu = time.time()
+            out = smi(
+                "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", timeout_s=10
+            )
+            if out is None:
+                return
             try:
-                smi = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used",
-                                      "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10)  # fmt: skip
-                util = [
-                    [float(x) for x in line.split(",")] for line in smi.stdout.splitlines() if "," in line
-                ]
-            except (OSError, subprocess.TimeoutExpired, ValueError):
+                util = [[float(x) for x in line.split(",")] for line in out.splitlines() if "," in line]
+            except ValueError:
                 return
             self.event("gpu", util=[u for u, _ in util], memory_mib=[m for _, m in util], live=len(running))
 

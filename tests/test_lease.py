@@ -81,6 +81,9 @@ Q15_LEASES = [
     # S2-s15 alone (its partner ran in lease 10), from b072551 (S0-s15's run code), lease 10's compile caches carried;
     # the first launcher started nothing (its first-run check, 574 s left against 596), a second by hand ran it
     ("launch11", 779, 30, 1, 36, 25.97, 1, 1, 2.13),
+    # seed 100's pair (rule 4's rerun of seed 2), from main at ac76781, lease 11's compile caches in a call of their
+    # own; nothing refused, nothing crashed
+    ("launch12", 1099, 60, 2, 36, 18.32, 1, 1, 3.23),
 ]
 
 

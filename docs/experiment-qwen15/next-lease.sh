@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next H200 lease: issue 62's first seed pairs (docs/experiment-qwen15/plan.yaml, final since 2026-12-05).
+# Issue 62's pairs leases, one part per call (docs/experiment-qwen15/plan.yaml, final since 2026-12-05).
 # The lease of 2026-12-05 that measured the lease figure ran this file as it was at 823d75a (plan-throughput3.yaml;
 # its record: docs/performance/h200-2026-12-05b/lease.sh).
 # One part per device call, from the repository root, back to back: a machine is given back 30 s after a call ends.
@@ -79,15 +79,11 @@
 # merged into main. Since then a lease's first run is measured by the committed runs on its GPU model that did step 0
 # as it will ("earlier leases' runs on this GPU model that copied step 0: 29, the slowest 476 s"; 596 s for a leader
 # that evaluates it).
-# The next lease: **seed 100's pair, the last**; no partner waits, so it runs from main on any GPU model (both arms on
-# one model: an S2-s100 that does not fit waits for a lease of S0-s100's, amendment 4). On an H100 (kind nvidia-h100-x1): `start N 100 BUDGET
-# docs/experiment-qwen15/launch1`, one run at a time, S0-s100 starting only with 476 s left after the 120 s of grace
-# and the conversion, and S2-s100 only while S0-s100's time still fits: a BUDGET of ~1,000 s (the lease ~1,250 s of
-# budget with `begin`, the 31 parts and the start call). On an H200 (kind nvidia-h200): `start N 100 BUDGET` with no
-# STEP0: the leader evaluates its own step 0 (the free check against throughput3 below), no committed H200 run gives
-# an estimate, and two runs go at a time once its first row sizes the GPU: ~1,050 s of budget in all. `fits` first
-# (the parts were split again at main's tree on 2026-12-07: N = 32), every call with CAPGRPO_COMMIT=$(git rev-parse
-# HEAD) spelled out in full, `begin` carrying [".carry/whl/call01", ".carry/caches"]; the rows unpack into launch12.
+# Lease 12 (2026-12-07, an H100 though the start asked for nvidia-h200, launch12/) ran seed 100's pair, the last, from
+# main at ac76781: `start 32 100 1320 docs/experiment-qwen15/launch1`, `watch` twice; `begin` carried the wheels alone
+# (asked of an H200), so lease 11's compile caches rode in a call of their own (`mkdir -p /tmp/carry/caches && cp
+# .carry/caches/*.tar.gz /tmp/carry/caches/`, carrying [".carry/caches"]). Issue 62's 16 pairs are complete: no lease
+# is owed to the plan. What follows is how the leases ran, for a plan that reuses this script.
 # Keep embedded/base/model.safetensors.xz in the tree: the launcher's base and train stages unpack the shipped files
 # for every plan (lease 8's first start refused its absence). A start call that fails after its join, or whose
 # launcher started nothing, may be called again on the warm machine (carrying nothing): it reuses the joined files in

@@ -87,6 +87,30 @@ def plot_all(out_dir: Path, trajectories: list[Trajectory], sets: list[str]) -> 
     return paths
 
 
+def lead_split_figure(seeds, parts: dict[str, list[float]], title: str) -> plt.Figure:
+    """Per training seed, the lead's parts side by side (pp) and their sum as a black tick; a dashed line per part
+    at its mean over seeds. Seeds in the order given (launch.report.lead_parts: the tested seeds)."""
+    fig, ax = plt.subplots(figsize=(max(6.5, 0.55 * len(seeds) + 2), 4))
+    x = np.arange(len(seeds), dtype=float)
+    width = 0.8 / len(parts)
+    for i, ((part, values), color) in enumerate(zip(parts.items(), COLORS)):
+        mean = float(np.mean(values))
+        ax.bar(x + (i - (len(parts) - 1) / 2) * width, values, width, color=color, alpha=0.8,
+               label=f"{part} (mean {mean:+.1f})")  # fmt: skip
+        ax.axhline(mean, color=color, ls="--", lw=1)
+    total = np.sum(list(parts.values()), axis=0)
+    ax.plot(
+        x, total, ls="none", marker="_", ms=14, mew=2, color="black", label=f"sum (mean {total.mean():+.1f})"
+    )
+    ax.axhline(0, color="0.4", lw=0.8)
+    ax.set_xticks(x, [str(s) for s in seeds])
+    ax.set(title=title, xlabel="training seed", ylabel="lead (pp of the seed's paired samples)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def save_png(fig: plt.Figure, path: Path) -> None:
     """A 32-colour palette PNG: line plots look the same and weigh a quarter (reports are committed)."""
     from PIL import Image  # matplotlib's own dependency

@@ -263,7 +263,10 @@ def compare(lx: Launch, ran_in: str | None = None) -> str:
 def write_comparison(plan: Plan, where: Path | None, out: Path) -> Path:
     """analysis.compare's report.md and figures of the fresh runs under `where` (`make experiment`), or, where None,
     of the committed launches the plan's primary section reads (pooled over "launch*"): the arm against the control
-    over the seeds that ran, at the last step all of them evaluated, into out/<arm>_vs_<control>/."""
+    over the seeds that ran, at the last step all of them evaluated, into out/<arm>_vs_<control>/; with them
+    lead_split.png, the lead_split section's parts per seed (the card's central case against the rest)."""
+    from analysis.plots import lead_split_figure, plt, save_png
+
     if where is None:
         primary = next((s for s in plan.report if s["kind"] == "primary"), None)
         if primary is None:
@@ -275,6 +278,12 @@ def write_comparison(plan: Plan, where: Path | None, out: Path) -> Path:
         raise LaunchError(f"{where}: no seed pair of {plan.name} reached a step to compare")
     folder = Path(out) / f"{arm}_vs_{control}"
     compared(lx, seeds, folder)
+    seeds, step, parts = lead_parts(lx)
+    fig = lead_split_figure(
+        seeds, parts, f"{arm} − {control}, {lx.set} at step {step}: the lead per seed in two parts"
+    )
+    save_png(fig, folder / "lead_split.png")
+    plt.close(fig)
     return folder
 
 
@@ -390,13 +399,12 @@ def finished_accuracy(lx: Launch) -> str:
     return "\n".join(lines) + "\n"
 
 
-def lead_split(lx: Launch) -> str:
+def lead_parts(lx: Launch) -> tuple[tuple, int, dict[str, list[float]]]:
     """Per tested seed, the lead on the primary set at the compared step split in two over the paired samples:
     the part from pairs where either arm ended unresolved (truncated or format-rejected), and the part where both
-    finished (correct or wrong); each in pp of the seed's paired samples, with the sign-flip over seeds of each."""
-    from analysis.stats import sign_flip_test
-
-    seeds, (control, arm) = lx.tested_seeds(), lx.arms
+    finished (correct or wrong); each in pp of the seed's paired samples, so the two add up to the seed's lead.
+    Returns (seeds, step, {part: per-seed values})."""
+    seeds = lx.tested_seeds()
     step = lx.common_step(seeds)
     unresolved = {"truncated", "format_rejected"}
     parts = {"either unresolved": [], "both finished": []}
@@ -408,6 +416,14 @@ def lead_split(lx: Launch) -> str:
             lead[part] += (x == "correct") - (y == "correct")
         for part in parts:
             parts[part].append(100 * lead[part] / max(1, len(pairs)))
+    return seeds, step, parts
+
+
+def lead_split(lx: Launch) -> str:
+    """`lead_parts` as a table, with the sign-flip over seeds of each part."""
+    from analysis.stats import sign_flip_test
+
+    (control, arm), (seeds, step, parts) = lx.arms, lead_parts(lx)
     lines = [f"{arm} − {control} on {lx.set} at step {step}, seeds {', '.join(map(str, seeds))}", "",
              "| pairs where | per seed (pp) | mean (pp) | exact sign-flip p |", "|---|---|---|---|"]  # fmt: skip
     for part, d in parts.items():

@@ -23,7 +23,7 @@ from analysis.compare import (
     peak_decline,
     trajectory,
 )
-from analysis.plots import PLOTS, break_gaps, figures
+from analysis.plots import PLOTS, break_gaps, figures, lead_split_figure
 from analysis.report import headline_notes
 from analysis.stats import fixed_sequence_holm
 from rewards.outcome import Outcome
@@ -577,6 +577,21 @@ def test_plots_break_at_missing_rows_and_draw_seed_bands(seeded):
     assert max(ln.get_linewidth() for ln in seed_lines) < mean_line.get_linewidth()
     for fig in [*figs.values(), *banded.values()]:
         plt.close(fig)
+
+
+def test_the_lead_split_figure_draws_each_seeds_parts_and_their_sum():
+    parts = {"either unresolved": [6.7, -0.3, 9.3], "both finished": [-4.0, 1.0, 1.0]}
+    fig = lead_split_figure((0, 1, 100), parts, "t")
+    ax = fig.axes[0]
+    bars = [(round(b.get_x() + b.get_width() / 2, 6), b.get_height()) for b in ax.patches]
+    assert [h for _, h in bars] == parts["either unresolved"] + parts["both finished"]
+    assert [x for x, _ in bars[:3]] < [x for x, _ in bars[3:]]  # side by side, the first part left
+    (ticks,) = [ln for ln in ax.lines if ln.get_label().startswith("sum")]
+    assert ticks.get_ydata() == pytest.approx([2.7, 0.7, 10.3])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1", "100"]
+    labels = ax.get_legend_handles_labels()[1]
+    assert "either unresolved (mean +5.2)" in labels and "sum (mean +4.6)" in labels
+    plt.close(fig)
 
 
 def test_a_step_zero_only_run_draws_sane_axes(tmp_path):

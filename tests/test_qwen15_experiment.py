@@ -4,6 +4,8 @@ picks the committed cell, and the comparison with the 0.5B's cells in its README
 import json
 from pathlib import Path
 
+import pytest
+
 from launch.base import choose, compare_md, finished_accuracy
 from launch.plan import load
 from tests.test_qwen_experiment import recomputed_base_report
@@ -267,7 +269,7 @@ def test_the_figures_command_draws_the_pooled_pairs_of_every_lease(tmp_path):
     assert main([str(DOCS / "plan.yaml"), "report", "--out", str(tmp_path)]) == 0
     folder = tmp_path / "S2_vs_S0"
     drawn = {p.name for p in folder.glob("*.png")}
-    assert drawn >= {"accuracy.png", "unresolved_rates.png", "output_length.png"}
+    assert drawn >= {"accuracy.png", "unresolved_rates.png", "output_length.png", "lead_split.png"}
     text = (folder / "report.md").read_text()
     assert "| training seeds | 0" in text and "launch1/qwen15-S2-s0" in text  # seed 0's pair, the first
 
@@ -299,3 +301,18 @@ def test_the_readme_headline_numbers_recompute_from_the_rows():
         f"{power[0]}% power at +3 pp, {power[1]}% at +3.5, {power[2]}% at +4 and {power[3]}% at +5"
         in headline
     )
+
+
+def test_the_leads_two_parts_add_up_to_each_seeds_lead():
+    """launch.report.lead_parts (the lead_split section and its figure) splits each seed's primary lead: its
+    either-unresolved and both-finished parts sum to the seed's S2 − S0 accuracy difference on heldout300."""
+    from launch.report import Launch, Run, launch_where, lead_parts
+
+    lx = Launch(PLAN, launch_where(REPO / PLAN.results, "launch*"))
+    seeds, step, parts = lead_parts(lx)
+    assert step == 30 and len(seeds) == 16
+    for i, s in enumerate(seeds):
+        a, b = (Run(lx.dir(arm, s)).score(step, lx.set) for arm in ("S2", "S0"))
+        lead = 100 * (a.rate("correct") - b.rate("correct"))
+        assert parts["either unresolved"][i] + parts["both finished"][i] == pytest.approx(lead), s
+    assert sum(x > 0 for x in parts["either unresolved"]) == 14  # the README's "14 of 16 positive"

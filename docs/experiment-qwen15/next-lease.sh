@@ -80,10 +80,12 @@
 # as it will ("earlier leases' runs on this GPU model that copied step 0: 29, the slowest 476 s"; 596 s for a leader
 # that evaluates it).
 # Lease 12 (2026-12-07, an H100 though the start asked for nvidia-h200, launch12/) ran seed 100's pair, the last, from
-# main at ac76781: `start 32 100 1320 docs/experiment-qwen15/launch1`, `watch` twice; `begin` carried the wheels alone
-# (asked of an H200), so lease 11's compile caches rode in a call of their own (`mkdir -p /tmp/carry/caches && cp
-# .carry/caches/*.tar.gz /tmp/carry/caches/`, carrying [".carry/caches"]). Issue 62's 16 pairs are complete: no lease
-# is owed to the plan. What follows is how the leases ran, for a plan that reuses this script.
+# main at ac76781: `start 32 100 1320 docs/experiment-qwen15/launch1`, `watch` twice. Its `begin`, asked of an H200,
+# carried the wheels alone, so lease 11's compile caches took a call of their own (`mkdir -p /tmp/carry/caches && cp
+# .carry/caches/*.tar.gz /tmp/carry/caches/`, carrying [".carry/caches"]) when an H100 came: `begin` should carry
+# .carry/caches whatever kind is asked, since `start` takes only the file named for the GPU that came. Issue 62's 16
+# pairs are complete: no lease is owed to the plan. What follows is how the leases ran, for a plan that reuses this
+# script.
 # Keep embedded/base/model.safetensors.xz in the tree: the launcher's base and train stages unpack the shipped files
 # for every plan (lease 8's first start refused its absence). A start call that fails after its join, or whose
 # launcher started nothing, may be called again on the warm machine (carrying nothing): it reuses the joined files in
